@@ -1,0 +1,53 @@
+# perfq — one front door to the CMake build.
+#   make          build everything into build/ (bin/ holds the programs)
+#   make test     build, then run every test: the normal build, ASan+UBSan and TSan
+#   make demo     build and run the demonstration
+#   make bench    build and run the benchmarks (figures in build/bench/results.json)
+#   make deps     install the Debian packages perfq needs (only what is missing)
+# Every target installs missing packages first, so a fresh Debian 12 machine
+# needs nothing but this Makefile.
+
+BUILD       ?= build
+BUILD_ASAN  ?= build-asan
+BUILD_TSAN  ?= build-tsan
+GENERATOR   ?= Ninja
+CMAKE_ARGS  ?=
+JOBS        ?= $(shell nproc)
+
+.PHONY: all build deps asan tsan test demo bench clean help
+
+all: build
+
+help:
+	@sed -n '2,9p' Makefile | sed 's/^# \{0,1\}//'
+
+deps:
+	@scripts/deps.sh
+
+# Configure (cheap when nothing changed) and build one tree.
+define cmake_build
+	cmake -S . -B $(1) -G $(GENERATOR) $(2) $(CMAKE_ARGS) >/dev/null
+	cmake --build $(1) -j $(JOBS)
+endef
+
+build: deps
+	$(call cmake_build,$(BUILD),-DCMAKE_BUILD_TYPE=RelWithDebInfo)
+
+asan: deps
+	$(call cmake_build,$(BUILD_ASAN),-DCMAKE_BUILD_TYPE=Debug -DPERFQ_SANITIZE=address -DPERFQ_BUILD_BENCH=OFF)
+
+tsan: deps
+	$(call cmake_build,$(BUILD_TSAN),-DCMAKE_BUILD_TYPE=RelWithDebInfo -DPERFQ_SANITIZE=thread -DPERFQ_BUILD_BENCH=OFF)
+
+test: build asan tsan
+	@scripts/run-tests.sh $(BUILD) $(BUILD_ASAN) $(BUILD_TSAN)
+
+demo: build
+	@scripts/demo.sh $(BUILD)
+
+bench: build
+	@mkdir -p $(BUILD)/bench
+	$(BUILD)/bin/perfq_bench --out=$(BUILD)/bench/results.json
+
+clean:
+	rm -rf $(BUILD) $(BUILD_ASAN) $(BUILD_TSAN)

@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# Install the Debian packages perfq needs, only those missing.
+#   scripts/deps.sh          install what is missing (apt-get update first)
+#   scripts/deps.sh --check  exit 1 and list what is missing, install nothing
+set -euo pipefail
+
+# Build and test toolchain, and the libraries perfq builds on.
+PACKAGES=(
+  build-essential
+  cmake
+  ninja-build
+  pkg-config
+  catch2
+  libbenchmark-dev
+  libfmt-dev
+  nlohmann-json3-dev
+)
+
+missing=()
+for p in "${PACKAGES[@]}"; do
+  status=$(dpkg-query -W -f='${db:Status-Status}' "$p" 2>/dev/null || true)
+  [ "$status" = installed ] || missing+=("$p")
+done
+
+if [ ${#missing[@]} -eq 0 ]; then
+  exit 0
+fi
+if [ "${1:-}" = "--check" ]; then
+  echo "missing Debian packages: ${missing[*]}" >&2
+  exit 1
+fi
+
+echo "perfq: installing missing Debian packages: ${missing[*]}" >&2
+SUDO=""
+if [ "$(id -u)" -ne 0 ]; then
+  if command -v sudo >/dev/null 2>&1; then
+    SUDO="sudo"
+  else
+    echo "perfq: need root (or sudo) to install: ${missing[*]}" >&2
+    exit 1
+  fi
+fi
+export DEBIAN_FRONTEND=noninteractive
+$SUDO apt-get update -qq
+$SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"

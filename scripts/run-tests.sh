@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Run ctest in each build folder given, then print one closing line with the
+# totals of all of them: "perfq: N passed, M failed".
+set -uo pipefail
+
+total_pass=0
+total_fail=0
+rc=0
+for dir in "$@"; do
+  echo "=== ctest in $dir ==="
+  log=$(mktemp)
+  ctest --test-dir "$dir" --output-on-failure --schedule-random -j "$(nproc)" 2>&1 | tee "$log"
+  status=${PIPESTATUS[0]}
+  line=$(grep -E '[0-9]+% tests passed, [0-9]+ tests? failed out of [0-9]+' "$log" | tail -n 1)
+  rm -f "$log"
+  if [ -z "$line" ]; then
+    echo "perfq: ctest in $dir printed no summary" >&2
+    rc=1
+    continue
+  fi
+  failed=$(sed -E 's/.* ([0-9]+) tests? failed out of ([0-9]+).*/\1/' <<<"$line")
+  out_of=$(sed -E 's/.* ([0-9]+) tests? failed out of ([0-9]+).*/\2/' <<<"$line")
+  total_pass=$((total_pass + out_of - failed))
+  total_fail=$((total_fail + failed))
+  [ "$status" -eq 0 ] || rc=1
+done
+echo
+echo "perfq: $total_pass passed, $total_fail failed"
+exit $rc
