@@ -1,0 +1,225 @@
+// Ring benchmarks, each beside a baseline measured in the same run.
+//
+//   producer: ring_push_ns (try_push, a consumer thread draining
+//             concurrently) and ring_batch_push_ns (reserve/commit of 64)
+//             against bare_store_ns (a 32-byte store into a preallocated
+//             array);
+//   consumer: ring_drain_records_per_s (peek/copy/release in batches of
+//             256) against bare_copy_records_per_s (memcpy of the same
+//             records from a plain array).
+//
+// Every figure is the median of the repetitions.  The table is printed at
+// the end and written as JSON (--out FILE): one object per figure with
+// name, value, unit, baseline and ratio.
+#include <benchmark/benchmark.h>
+
+#include <atomic>
+#include <cstring>
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "perfq/spsc_ring.h"
+
+namespace perfq {
+namespace {
+
+constexpr uint64_t kCapacity = 1u << 16;
+constexpr size_t kBatch = 256;
+
+perfq_record make_record(uint64_t i) {
+  return perfq_record{i, 1, 0, PERFQ_FLAGS(PERFQ_KIND_INSTANT, PERFQ_CLOCK_HOST), i, i};
+}
+
+void BM_bare_store(benchmark::State& state) {
+  std::vector<perfq_record> slots(kCapacity);
+  uint64_t i = 0;
+  for (auto _ : state) {
+    slots[i & (kCapacity - 1)] = make_record(i);
+    benchmark::ClobberMemory();
+    ++i;
+  }
+  state.SetItemsProcessed(static_cast<int64_t>(i));
+}
+BENCHMARK(BM_bare_store);
+
+// The producer's cost with a real consumer draining on another thread.
+void BM_ring_push(benchmark::State& state) {
+  HeapRing<perfq_record> ring(kCapacity);
+  auto p = ring.producer();
+  std::atomic<bool> stop{false};
+  std::thread consumer([&, c = ring.consumer()]() mutable {
+    while (!stop.load(std::memory_order_relaxed)) {
+      auto s = c.peek(kBatch);
+      if (s.empty()) {
+        std::this_thread::yield();
+        continue;
+      }
+      c.release(s.size());
+    }
+  });
+  uint64_t i = 0, full = 0;
+  for (auto _ : state) {
+    if (p.try_push(make_record(i)))
+      ++i;
+    else
+      ++full;
+  }
+  stop = true;
+  consumer.join();
+  state.SetItemsProcessed(static_cast<int64_t>(i + full));
+  state.counters["full_pct"] = 100.0 * static_cast<double>(full) / static_cast<double>(i + full);
+}
+BENCHMARK(BM_ring_push);
+
+void BM_ring_batch_push(benchmark::State& state) {
+  HeapRing<perfq_record> ring(kCapacity);
+  auto p = ring.producer();
+  std::atomic<bool> stop{false};
+  std::thread consumer([&, c = ring.consumer()]() mutable {
+    while (!stop.load(std::memory_order_relaxed)) {
+      auto s = c.peek(kBatch);
+      if (s.empty()) {
+        std::this_thread::yield();
+        continue;
+      }
+      c.release(s.size());
+    }
+  });
+  uint64_t i = 0;
+  for (auto _ : state) {
+    auto w = p.reserve(64);
+    for (size_t k = 0; k < w.size(); ++k) w[k] = make_record(i + k);
+    p.commit(w.size());
+    i += w.size();
+  }
+  stop = true;
+  consumer.join();
+  state.SetItemsProcessed(static_cast<int64_t>(i));
+}
+BENCHMARK(BM_ring_batch_push);
+
+void BM_bare_copy(benchmark::State& state) {
+  std::vector<perfq_record> src(kCapacity), dst(kBatch);
+  for (uint64_t i = 0; i < kCapacity; ++i) src[i] = make_record(i);
+  for (auto _ : state) {
+    for (uint64_t pos = 0; pos < kCapacity; pos += kBatch) {
+      std::memcpy(dst.data(), src.data() + pos, kBatch * sizeof(perfq_record));
+      benchmark::DoNotOptimize(dst.data());
+      benchmark::ClobberMemory();
+    }
+  }
+  state.SetItemsProcessed(static_cast<int64_t>(state.iterations() * kCapacity));
+}
+BENCHMARK(BM_bare_copy);
+
+void BM_ring_drain(benchmark::State& state) {
+  HeapRing<perfq_record> ring(kCapacity);
+  auto p = ring.producer();
+  auto c = ring.consumer();
+  std::vector<perfq_record> dst(kBatch);
+  for (auto _ : state) {
+    state.PauseTiming();
+    auto w = p.reserve(kCapacity);
+    for (size_t k = 0; k < w.size(); ++k) w[k] = make_record(k);
+    p.commit(w.size());
+    state.ResumeTiming();
+    for (;;) {
+      auto s = c.peek(kBatch);
+      if (s.empty()) break;
+      s.copy_to(dst.data(), s.size());
+      benchmark::DoNotOptimize(dst.data());
+      benchmark::ClobberMemory();
+      c.release(s.size());
+    }
+  }
+  state.SetItemsProcessed(static_cast<int64_t>(state.iterations() * kCapacity));
+}
+BENCHMARK(BM_ring_drain);
+
+// Keeps the median of every benchmark's items_per_second.
+class MedianCollector : public benchmark::ConsoleReporter {
+ public:
+  void ReportRuns(const std::vector<Run>& runs) override {
+    ConsoleReporter::ReportRuns(runs);
+    for (const auto& r : runs) {
+      if (r.error_occurred || r.run_type != Run::RT_Aggregate || r.aggregate_name != "median")
+        continue;
+      auto it = r.counters.find("items_per_second");
+      if (it != r.counters.end()) items_per_s[r.run_name.function_name] = it->second.value;
+    }
+  }
+  std::map<std::string, double> items_per_s;
+};
+
+struct Figure {
+  std::string name, unit, baseline_name;
+  double value, baseline;
+};
+
+int run(int argc, char** argv) {
+  std::string out;
+  std::vector<char*> args;
+  bool has_reps = false;
+  for (int i = 0; i < argc; ++i) {
+    std::string a = argv[i];
+    if (a.rfind("--out=", 0) == 0) {
+      out = a.substr(6);
+      continue;
+    }
+    if (a.rfind("--benchmark_repetitions", 0) == 0) has_reps = true;
+    args.push_back(argv[i]);
+  }
+  std::string reps = "--benchmark_repetitions=5";
+  std::string aggr = "--benchmark_report_aggregates_only=true";
+  if (!has_reps) args.push_back(reps.data());
+  args.push_back(aggr.data());
+  int n = static_cast<int>(args.size());
+  benchmark::Initialize(&n, args.data());
+  if (benchmark::ReportUnrecognizedArguments(n, args.data())) return 1;
+  MedianCollector rep;
+  benchmark::RunSpecifiedBenchmarks(&rep);
+  benchmark::Shutdown();
+
+  auto& m = rep.items_per_s;
+  auto ns = [&](const char* k) { return m.count(k) ? 1e9 / m[k] : 0.0; };
+  std::vector<Figure> figs = {
+      {"ring_push_ns", "ns/record", "bare_store_ns", ns("BM_ring_push"), ns("BM_bare_store")},
+      {"ring_batch_push_ns", "ns/record", "bare_store_ns", ns("BM_ring_batch_push"),
+       ns("BM_bare_store")},
+      {"ring_drain_records_per_s", "records/s", "bare_copy_records_per_s", m["BM_ring_drain"],
+       m["BM_bare_copy"]},
+  };
+  nlohmann::json j = nlohmann::json::array();
+  std::printf("\n%-26s %14s %-10s %-24s %14s %8s\n", "figure (median)", "value", "unit",
+              "baseline", "baseline", "ratio");
+  for (const auto& f : figs) {
+    double ratio = f.baseline > 0 ? f.value / f.baseline : 0;
+    std::printf("%-26s %14.3f %-10s %-24s %14.3f %8.2f\n", f.name.c_str(), f.value,
+                f.unit.c_str(), f.baseline_name.c_str(), f.baseline, ratio);
+    j.push_back({{"name", f.name},
+                 {"value", f.value},
+                 {"unit", f.unit},
+                 {"baseline", f.baseline},
+                 {"baseline_name", f.baseline_name},
+                 {"ratio", ratio}});
+  }
+  if (!out.empty()) {
+    std::ofstream o(out);
+    o << j.dump(2) << "\n";
+    if (!o) {
+      std::fprintf(stderr, "perfq_bench: cannot write %s\n", out.c_str());
+      return 1;
+    }
+    std::printf("\nwrote %s\n", out.c_str());
+  }
+  return 0;
+}
+
+}  // namespace
+}  // namespace perfq
+
+int main(int argc, char** argv) { return perfq::run(argc, argv); }
