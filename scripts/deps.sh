@@ -14,6 +14,7 @@ PACKAGES=(
   libbenchmark-dev
   libfmt-dev
   nlohmann-json3-dev
+  libcli11-dev
 )
 
 missing=()

@@ -1,10 +1,24 @@
-// Helpers shared by the tests: temporary files that clean up after themselves.
+// Helpers shared by the tests: temporary files that clean up after
+// themselves, and real child processes.
 #pragma once
 
+#include <fcntl.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <atomic>
+#include <chrono>
+#include <fstream>
+#include <iterator>
+#include <sstream>
 #include <string>
+#include <thread>
+#include <vector>
+
+extern char** environ;
 
 namespace perfq {
 
@@ -24,6 +38,82 @@ class TempShm {
 
  private:
   std::string path_;
+};
+
+inline std::string slurp(const std::string& path) {
+  std::ifstream f(path);
+  return {std::istreambuf_iterator<char>(f), {}};
+}
+
+// A child process running a program of ours, its stdout and stderr going to
+// files.  Killed (SIGKILL) and reaped if the test ends while it runs.
+class Child {
+ public:
+  explicit Child(std::vector<std::string> argv) : argv_(std::move(argv)) {
+    static std::atomic<int> counter{0};
+    const std::string base = "/tmp/perfq-test-child-" + std::to_string(getpid()) + "-" +
+                             std::to_string(counter++);
+    out_path_ = base + ".out";
+    err_path_ = base + ".err";
+    posix_spawn_file_actions_t fa;
+    posix_spawn_file_actions_init(&fa);
+    posix_spawn_file_actions_addopen(&fa, 1, out_path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
+    posix_spawn_file_actions_addopen(&fa, 2, err_path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
+    std::vector<char*> args;
+    for (auto& a : argv_) args.push_back(a.data());
+    args.push_back(nullptr);
+    if (posix_spawn(&pid_, args[0], &fa, nullptr, args.data(), environ) != 0) pid_ = -1;
+    posix_spawn_file_actions_destroy(&fa);
+  }
+  ~Child() {
+    if (pid_ > 0 && !reaped_) {
+      ::kill(pid_, SIGKILL);
+      int st;
+      waitpid(pid_, &st, 0);
+    }
+    ::unlink(out_path_.c_str());
+    ::unlink(err_path_.c_str());
+  }
+  Child(const Child&) = delete;
+  Child& operator=(const Child&) = delete;
+
+  bool started() const { return pid_ > 0; }
+  pid_t pid() const { return pid_; }
+  void signal(int sig) const { ::kill(pid_, sig); }
+
+  // Wait up to timeout for the exit; true when it exited (status() tells how).
+  bool wait(std::chrono::milliseconds timeout) {
+    if (reaped_) return true;
+    const auto deadline = std::chrono::steady_clock::now() + timeout;
+    while (true) {
+      int st = 0;
+      pid_t r = waitpid(pid_, &st, WNOHANG);
+      if (r == pid_) {
+        reaped_ = true;
+        status_ = st;
+        return true;
+      }
+      if (std::chrono::steady_clock::now() > deadline) return false;
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+  }
+  bool running() { return !wait(std::chrono::milliseconds(0)); }
+  // Exit code, or 128 + signal, or -1 while running.
+  int exit_code() const {
+    if (!reaped_) return -1;
+    if (WIFEXITED(status_)) return WEXITSTATUS(status_);
+    if (WIFSIGNALED(status_)) return 128 + WTERMSIG(status_);
+    return -1;
+  }
+  std::string out() const { return slurp(out_path_); }
+  std::string err() const { return slurp(err_path_); }
+
+ private:
+  std::vector<std::string> argv_;
+  std::string out_path_, err_path_;
+  pid_t pid_ = -1;
+  bool reaped_ = false;
+  int status_ = 0;
 };
 
 }  // namespace perfq

@@ -193,11 +193,18 @@ Status Region::write_layout(uint8_t* base, uint64_t len, const RegionGeometry& g
   return validate_region_header(*out, len);
 }
 
-Result<Region> Region::create(const std::string& path, const RegionGeometry& g) {
-  auto h = layout_region(g);
-  if (!h) return h.status();
+Result<Region> Region::create(const std::string& path, const RegionGeometry& geometry) {
   UniqueFd fd(::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0660));
   if (!fd.valid()) return Status::from_errno("create region " + path);
+  // Never shrink an existing file: QEMU may map all of it as a BAR.
+  RegionGeometry g = geometry;
+  struct stat st;
+  if (::fstat(fd.get(), &st) != 0) return Status::from_errno("stat region " + path);
+  if (static_cast<uint64_t>(st.st_size) > g.min_region_size &&
+      static_cast<uint64_t>(st.st_size) % kPage == 0)
+    g.min_region_size = static_cast<uint64_t>(st.st_size);
+  auto h = layout_region(g);
+  if (!h) return h.status();
   if (::ftruncate(fd.get(), static_cast<off_t>(h->region_size)) != 0)
     return Status::from_errno("resize region " + path);
   auto map = Mapping::map_shared(fd.get(), h->region_size, "region " + path);

@@ -309,6 +309,9 @@ struct perfq_sync_page {
 /* ------------------------------------------------------------------ */
 /* Event dictionary (section DICT)                                     */
 
+/* Event id 0 is reserved in every dictionary for loss reports (kind LOST). */
+#define PERFQ_EVENT_LOST 0u
+
 struct perfq_dict_entry {
 	perfq_u32 event; /* event id used in records */
 	perfq_u16 kind; /* enum perfq_kind the event is recorded with */
@@ -342,6 +345,55 @@ struct perfq_spsc_header {
 	perfq_u8 pad0[PERFQ_CACHELINE - 16];
 	perfq_u64 head; /* consumer-owned */
 	perfq_u8 pad1[PERFQ_CACHELINE - 8];
+};
+
+/* ------------------------------------------------------------------ */
+/* The job queue (application area, PERFQ_FEAT_JOB_QUEUE)             */
+
+/*
+ * The software device's emulated accelerator workload.  The application
+ * area holds a perfq_jobq_header and `channels` channels.  A host thread
+ * claims a channel (compare-and-swap of `owner` from 0 to a nonzero token)
+ * and owns its two SPSC rings: it produces jobs into `submit` and consumes
+ * completions from `complete`; one device job worker consumes `submit` and
+ * produces `complete`.  Each ring is a perfq_spsc_header followed by
+ * `ring_capacity` 32-byte elements.
+ *
+ *   [perfq_jobq_header]
+ *   channel 0: [perfq_jobq_channel][submit ring][complete ring]
+ *   channel 1: ...                 (each channel channel_stride bytes)
+ */
+#define PERFQ_JOBQ_MAGIC 0x424f4a5146524550ULL /* "PERFQJOB" */
+
+struct perfq_jobq_header {
+	perfq_u64 magic; /* PERFQ_JOBQ_MAGIC, written last */
+	perfq_u32 version; /* PERFQ_ABI_VERSION */
+	perfq_u32 channels;
+	perfq_u64 ring_capacity; /* elements per ring, a power of two */
+	perfq_u64 channel_offset; /* first channel, from the start of the app area */
+	perfq_u64 channel_stride; /* bytes between channels */
+	perfq_u64 reserved[3];
+};
+
+struct perfq_jobq_channel {
+	perfq_u64 owner; /* 0 = free; claimed by a host thread with CAS */
+	perfq_u64 submitted; /* host-owned statistic */
+	perfq_u64 reserved[6];
+};
+
+struct perfq_job {
+	perfq_u64 corr_id; /* correlation id, carried by every record of the job */
+	perfq_u64 duration_ns; /* how long the device works on it */
+	perfq_u64 submit_time; /* host time of the submit, informational */
+	perfq_u64 reserved;
+};
+
+struct perfq_job_completion {
+	perfq_u64 corr_id;
+	perfq_u64 start_time; /* device time D the job started */
+	perfq_u64 end_time; /* device time D the job ended */
+	perfq_u32 status; /* 0 = done */
+	perfq_u32 reserved;
 };
 
 /* ------------------------------------------------------------------ */
@@ -424,6 +476,11 @@ PERFQ_CHECK_SIZE(perfq_spsc_header, 192);
 PERFQ_CHECK_OFFSET(perfq_spsc_header, tail, 64);
 PERFQ_CHECK_OFFSET(perfq_spsc_header, lost, 72);
 PERFQ_CHECK_OFFSET(perfq_spsc_header, head, 128);
+
+PERFQ_CHECK_SIZE(perfq_jobq_header, 64);
+PERFQ_CHECK_SIZE(perfq_jobq_channel, 64);
+PERFQ_CHECK_SIZE(perfq_job, 32);
+PERFQ_CHECK_SIZE(perfq_job_completion, 32);
 
 #ifdef __cplusplus
 } /* extern "C" */

@@ -110,6 +110,7 @@ class HeapRing {
                   .value()) {}
 
   SpscRingMemory<T>& memory() noexcept { return ring_; }
+  const SpscRingMemory<T>& memory() const noexcept { return ring_; }
   uint64_t capacity() const noexcept { return ring_.capacity(); }
   SpscProducer<T> producer() const noexcept { return ring_.producer(); }
   SpscConsumer<T> consumer() const noexcept { return ring_.consumer(); }

@@ -1,0 +1,59 @@
+// The host's device drain: reads batches from a region's record ring,
+// validates every record, and keeps per-stream accounting (records
+// received, losses reported by LOST records, index gaps).
+//
+// The device is untrusted: a record with an invalid kind, clock domain or
+// reserved flag bits is counted and dropped (the first one is described),
+// and a corrupt tail stops the drain with an error naming the values.
+// Threading: one thread drives a DeviceDrain.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "perfq/perfq_abi.h"
+#include "perfq/region.h"
+#include "perfq/ring.h"
+#include "perfq/status.h"
+
+namespace perfq {
+
+struct StreamAccount {
+  uint64_t received = 0;       // valid records other than LOST
+  uint64_t lost_reported = 0;  // sum of the LOST records' counts
+  uint64_t gap_records = 0;    // indices skipped between received records
+  uint64_t out_of_order = 0;   // records whose index went backwards
+  uint64_t next_index = 0;     // expected index of the next record
+};
+
+// Check one record from an untrusted source; empty string when valid.
+std::string validate_record(const perfq_record& r);
+
+class DeviceDrain {
+ public:
+  explicit DeviceDrain(const Region& region);
+
+  // Move up to max records out of the ring; valid ones are appended to out.
+  // Returns how many were consumed (valid or not); an error when the ring's
+  // tail is corrupt (the drain stops there).
+  Result<size_t> poll(std::vector<perfq_record>& out, size_t max = 4096);
+
+  // The device has stopped and everything it published has been read.
+  bool finished();
+
+  const std::map<uint16_t, StreamAccount>& streams() const { return streams_; }
+  uint64_t invalid() const { return invalid_; }
+  const std::string& first_invalid() const { return first_invalid_; }
+  uint64_t consumed() const { return consumer_.head(); }
+
+ private:
+  const Region& region_;
+  SpscConsumer<perfq_record> consumer_;
+  std::map<uint16_t, StreamAccount> streams_;
+  uint64_t invalid_ = 0;
+  std::string first_invalid_;
+};
+
+}  // namespace perfq

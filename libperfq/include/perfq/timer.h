@@ -1,0 +1,74 @@
+// Reading the device timer register R across the bus, modelled as a PCIe
+// non-posted read (see perfq_timer_page in perfq_abi.h):
+//
+//   reader (host):  H1 = now; req_tag = tag (release); spin until
+//                   resp_tag == tag (acquire), with a timeout; H2 = now.
+//   server (device): sees req_tag != the last served tag, samples R,
+//                   stores resp_value, then resp_tag = tag (release).
+//
+// So R always lies inside the reader's [H1, H2] bracket, as on hardware.
+//
+// Between sync rounds nothing spins: the server sleeps on the `window` word
+// (a futex wait with a short timeout: woken at once where host and device
+// share a kernel, as with a /dev/shm file; a low-frequency poll of the flag
+// where they do not, as across the QEMU boundary).  The reader opens the
+// window for a round and closes it after.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <functional>
+
+#include "perfq/device_clock.h"
+#include "perfq/region.h"
+#include "perfq/status.h"
+
+namespace perfq {
+
+// Device side.  run() belongs to one thread.
+class TimerServer {
+ public:
+  struct Options {
+    std::chrono::milliseconds poll{2};         // window check period when asleep
+    std::chrono::milliseconds spin_limit{20};  // spin without requests before sleeping again
+  };
+  // on_window_open runs on the server thread each time a window opens
+  // (the device takes its own (D, R) samples for sync mode A there).
+  TimerServer(const Region& region, const DeviceClock& clock, Options opts,
+              std::function<void()> on_window_open = {});
+  TimerServer(const Region& region, const DeviceClock& clock)
+      : TimerServer(region, clock, Options{}) {}
+
+  void run(const std::atomic<bool>& stop);
+  uint64_t served() const { return served_.load(std::memory_order_relaxed); }
+  uint64_t windows() const { return windows_.load(std::memory_order_relaxed); }
+
+ private:
+  const Region& region_;
+  const DeviceClock& clock_;
+  Options opts_;
+  std::function<void()> on_window_open_;
+  std::atomic<uint64_t> served_{0};
+  std::atomic<uint64_t> windows_{0};
+};
+
+// Host side.  One reader per region at a time.
+class TimerReader {
+ public:
+  explicit TimerReader(const Region& region);
+
+  // Open a sync window and wake the device's server.
+  void open_window() noexcept;
+  void close_window() noexcept;
+
+  // One bracketed read: {before = H1, value = R, after = H2}.  Times out with
+  // a clear error when the device does not answer.
+  Result<perfq_clock_sample> read(std::chrono::microseconds timeout);
+
+ private:
+  const Region& region_;
+  uint64_t tag_;
+};
+
+}  // namespace perfq

@@ -1,0 +1,46 @@
+// How the host reaches a device: one interface, one implementation per way
+// the region is mapped.
+//
+//   shm:PATH     the region is a file (e.g. under /dev/shm, or the file
+//                backing QEMU's ivshmem device) that the device also maps;
+//                timer reads are the request/response exchange.
+//   /dev/perfqN  the region comes from the perfq driver's mmap and clock
+//                samples from its ioctl (comes with the driver).
+//
+// A transport hands the layers above the validated region (ring, control
+// pages, sync page, dictionary) and bracketed reads of the timer register.
+// Threading: clock_samples() is for one thread (the sync thread) at a time;
+// region() may be used by any.
+#pragma once
+
+#include <chrono>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "perfq/perfq_abi.h"
+#include "perfq/region.h"
+#include "perfq/status.h"
+
+namespace perfq {
+
+class DeviceTransport {
+ public:
+  virtual ~DeviceTransport() = default;
+
+  // The spec the transport was opened with ("shm:/dev/shm/perfq0").
+  virtual const std::string& spec() const = 0;
+  virtual const Region& region() const = 0;
+
+  // One sync round's host samples: n reads of R, each bracketed by host
+  // CLOCK_MONOTONIC: {before = H1, value = R2, after = H2}.  Opens the
+  // device's sync window for the round and closes it after.
+  virtual Result<std::vector<perfq_clock_sample>> clock_samples(
+      size_t n, std::chrono::microseconds timeout = std::chrono::milliseconds(50)) = 0;
+};
+
+// Open "shm:PATH" (the /dev/perfqN form arrives with the driver).  The error
+// says what was wrong with the spec or the region.
+Result<std::unique_ptr<DeviceTransport>> open_transport(const std::string& spec);
+
+}  // namespace perfq

@@ -1,0 +1,116 @@
+#include "perfq/timer.h"
+
+#include <linux/futex.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <climits>
+#include <string>
+
+#include "perfq/ring.h"
+
+namespace perfq {
+namespace {
+
+// Shared (not private) futex ops: the word may be mapped by several processes.
+void futex_wait(uint32_t* word, uint32_t expected, std::chrono::milliseconds timeout) {
+  timespec ts{static_cast<time_t>(timeout.count() / 1000),
+              static_cast<long>((timeout.count() % 1000) * 1'000'000)};
+  syscall(SYS_futex, word, FUTEX_WAIT, expected, &ts, nullptr, 0);
+}
+
+void futex_wake_all(uint32_t* word) { syscall(SYS_futex, word, FUTEX_WAKE, INT_MAX, nullptr, nullptr, 0); }
+
+inline void cpu_relax() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#endif
+}
+
+}  // namespace
+
+TimerServer::TimerServer(const Region& region, const DeviceClock& clock, Options opts,
+                         std::function<void()> on_window_open)
+    : region_(region), clock_(clock), opts_(opts), on_window_open_(std::move(on_window_open)) {}
+
+void TimerServer::run(const std::atomic<bool>& stop) {
+  perfq_timer_page* t = region_.timer();
+  uint64_t last = load_acquire(&t->resp_tag);
+  while (!stop.load(std::memory_order_acquire)) {
+    if (__atomic_load_n(&t->window, __ATOMIC_ACQUIRE) == 0) {
+      futex_wait(&t->window, 0, opts_.poll);
+      continue;
+    }
+    windows_.fetch_add(1, std::memory_order_relaxed);
+    if (on_window_open_) on_window_open_();
+    // Serve requests while the window is open; if the reader goes quiet for
+    // spin_limit (it died, or forgot to close), go back to polling.
+    uint64_t quiet_since = monotonic_ns();
+    const uint64_t limit = static_cast<uint64_t>(
+        std::chrono::duration_cast<std::chrono::nanoseconds>(opts_.spin_limit).count());
+    for (uint32_t n = 0;; ++n) {
+      // Pairs with the reader's store_release of req_tag.
+      const uint64_t req = load_acquire(&t->req_tag);
+      if (req != last) {
+        jitter_delay(clock_.jitter_ns());
+        store_relaxed(&t->resp_value, clock_.read_timer());
+        // Pairs with the reader's load_acquire of resp_tag: resp_value first.
+        store_release(&t->resp_tag, req);
+        last = req;
+        served_.fetch_add(1, std::memory_order_relaxed);
+        quiet_since = monotonic_ns();
+        continue;
+      }
+      cpu_relax();
+      if ((n & 255) == 0) {
+        if (__atomic_load_n(&t->window, __ATOMIC_ACQUIRE) == 0) break;
+        if (stop.load(std::memory_order_acquire)) return;
+        if (monotonic_ns() - quiet_since > limit) {
+          futex_wait(&t->window, 1, opts_.poll);  // a window left open: poll slowly
+          quiet_since = monotonic_ns() - limit;   // keep polling until a request
+        }
+      }
+    }
+  }
+}
+
+TimerReader::TimerReader(const Region& region)
+    : region_(region), tag_(load_acquire(&region.timer()->req_tag)) {}
+
+void TimerReader::open_window() noexcept {
+  uint32_t* w = &region_.timer()->window;
+  __atomic_store_n(w, 1u, __ATOMIC_RELEASE);
+  futex_wake_all(w);
+}
+
+void TimerReader::close_window() noexcept {
+  __atomic_store_n(&region_.timer()->window, 0u, __ATOMIC_RELEASE);
+}
+
+Result<perfq_clock_sample> TimerReader::read(std::chrono::microseconds timeout) {
+  perfq_timer_page* t = region_.timer();
+  const uint64_t tag = ++tag_;
+  perfq_clock_sample s{};
+  s.before = monotonic_ns();
+  // Pairs with the server's load_acquire of req_tag.
+  store_release(&t->req_tag, tag);
+  const uint64_t deadline =
+      s.before + static_cast<uint64_t>(
+                     std::chrono::duration_cast<std::chrono::nanoseconds>(timeout).count());
+  for (uint32_t n = 0;; ++n) {
+    // Pairs with the server's store_release of resp_tag.
+    if (load_acquire(&t->resp_tag) == tag) {
+      s.value = load_relaxed(&t->resp_value);
+      s.after = monotonic_ns();
+      return s;
+    }
+    cpu_relax();
+    if ((n & 63) == 0 && monotonic_ns() > deadline)
+      return Status(Errc::kTimeout,
+                    "timer register read timed out after " + std::to_string(timeout.count()) +
+                        " us: device '" + region_.device_name() + "' did not answer request " +
+                        std::to_string(tag) + " (is the device running?)");
+  }
+}
+
+}  // namespace perfq

@@ -1,0 +1,369 @@
+// Tests of the device side (device.h, device_clock.h, timer.h, jobq.h,
+// drain.h) with real threads over a real /dev/shm region.
+#include <atomic>
+#include <catch2/catch.hpp>
+#include <cstring>
+#include <thread>
+#include <vector>
+
+#include "perfq/device.h"
+#include "perfq/device_clock.h"
+#include "perfq/drain.h"
+#include "perfq/jobq.h"
+#include "perfq/region.h"
+#include "perfq/timer.h"
+#include "test_util.h"
+
+namespace perfq {
+namespace {
+
+#if defined(__SANITIZE_THREAD__) || defined(__SANITIZE_ADDRESS__)
+constexpr uint64_t kScale = 4;  // sanitizers are slower: smaller runs
+#else
+constexpr uint64_t kScale = 1;
+#endif
+
+Region make_region(const TempShm& shm, uint64_t capacity) {
+  RegionGeometry g;
+  g.ring_capacity = capacity;
+  g.features = PERFQ_FEAT_TIMER_REQRESP | PERFQ_FEAT_JOB_QUEUE;
+  auto r = Region::create(shm.path(), g);
+  REQUIRE(r.is_ok());
+  return std::move(r.value());
+}
+
+TEST_CASE("sim clock: D and R are exact functions of the true time", "[device][clock]") {
+  SimClockConfig c;
+  c.offset_ns = -5'000'000'000'000;  // any signed offset
+  c.drift_ppm = 100;
+  c.timer_hz = 25'000'000;
+  c.timer_offset = 1000;
+  const uint64_t t0 = 10'000'000'000;
+  c.steps = {{t0 + 1000, -300}, {t0 + 2000, 7000}};
+  SimClock clk(c);
+  // D(t) = t + offset + t*drift, modulo 2^64.
+  CHECK(clk.device_time_at(t0) == t0 - 5'000'000'000'000ull + 1'000'000);
+  CHECK(clk.device_time_at(t0 + 1000) == t0 + 1000 - 5'000'000'000'000ull + 1'000'000 - 300);
+  CHECK(clk.device_time_at(t0 + 2000) ==
+        t0 + 2000 - 5'000'000'000'000ull + 1'000'000 - 300 + 7000);
+  // R(t) = offset + t * (1 + drift) * hz / 1e9.
+  CHECK(clk.timer_at(t0) == 1000 + 250'025'000);
+  // A negative offset bigger than t wraps instead of failing.
+  SimClockConfig w;
+  w.offset_ns = -static_cast<int64_t>(t0) - 1;
+  CHECK(SimClock(w).device_time_at(t0) == ~uint64_t{0});
+}
+
+TEST_CASE("device: workers, collector and host drain account for every record", "[device][stress]") {
+  TempShm shm("dev-e2e");
+  Region region = make_region(shm, 4096);
+  SimClock clock({});
+  const unsigned kWorkers = 3;
+  const uint64_t per_worker = 300'000 / kScale;
+  std::vector<std::unique_ptr<DeviceStream>> streams;
+  std::vector<DeviceStream*> raw;
+  for (unsigned i = 0; i < kWorkers; ++i) {
+    streams.push_back(std::make_unique<DeviceStream>(i, 1024, clock));
+    raw.push_back(streams.back().get());
+  }
+  DeviceCollector collector(region, raw, clock);
+  std::atomic<bool> stop_device{false};
+  std::thread col([&] { collector.run(stop_device); });
+  std::vector<std::thread> workers;
+  std::atomic<uint64_t> worker_drops{0};
+  for (unsigned i = 0; i < kWorkers; ++i)
+    workers.emplace_back([&, i] {
+      for (uint64_t k = 0; k < per_worker; ++k) {
+        if (!raw[i]->record(7, PERFQ_KIND_INSTANT, k)) worker_drops.fetch_add(1);
+        if ((k & 63) == 63) std::this_thread::sleep_for(std::chrono::microseconds(100));
+      }
+    });
+
+  auto host = Region::open(shm.path());
+  REQUIRE(host.is_ok());
+  DeviceDrain drain(*host);
+  std::vector<perfq_record> got;
+  std::vector<uint64_t> next_arg(kWorkers, 0);
+  uint64_t bad_order = 0;
+  bool joined = false;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
+  while (!drain.finished() && std::chrono::steady_clock::now() < deadline) {
+    got.clear();
+    auto n = drain.poll(got);
+    REQUIRE(n.is_ok());
+    for (const auto& r : got) {
+      if ((r.flags & PERFQ_FLAGS_KIND_MASK) == PERFQ_KIND_LOST) continue;
+      if (r.arg < next_arg[r.stream]) ++bad_order;  // per-stream order kept
+      next_arg[r.stream] = r.arg + 1;
+    }
+    if (!joined && got.empty()) {
+      bool all = true;
+      for (auto* s : raw) all = all && s->emitted() == per_worker;
+      if (all) {
+        for (auto& w : workers) w.join();
+        joined = true;
+        stop_device = true;
+      }
+      std::this_thread::yield();
+    }
+  }
+  if (!joined)
+    for (auto& w : workers) w.join();
+  stop_device = true;
+  col.join();
+  REQUIRE(drain.finished());
+  REQUIRE(bad_order == 0);
+  REQUIRE(drain.invalid() == 0);
+  for (unsigned i = 0; i < kWorkers; ++i) {
+    const StreamAccount& a = drain.streams().at(static_cast<uint16_t>(i));
+    INFO("stream " << i);
+    // Every record arrived, or its loss was reported: nothing unaccounted.
+    CHECK(a.received + a.lost_reported == per_worker);
+    CHECK(a.lost_reported == raw[i]->dropped());
+    CHECK(a.gap_records + (per_worker - a.next_index) == raw[i]->dropped());
+    CHECK(a.out_of_order == 0);
+  }
+}
+
+TEST_CASE("device: overload keeps the oldest data and reports every loss", "[device]") {
+  TempShm shm("dev-overload");
+  Region region = make_region(shm, 64);  // a tiny shared ring
+  SimClock clock({});
+  DeviceStream s0(0, 128, clock), s1(1, 128, clock);
+  DeviceCollector collector(region, {&s0, &s1}, clock);
+  std::atomic<bool> stop_device{false}, stop_workers{false};
+  std::thread col([&] { collector.run(stop_device); });
+  std::atomic<uint64_t> worker_ns{0};
+  auto work = [&](DeviceStream& s) {
+    const uint64_t t0 = monotonic_ns();
+    for (uint64_t k = 0; k < 200'000 / kScale; ++k) (void)s.record(3, PERFQ_KIND_INSTANT, k);
+    worker_ns.fetch_add(monotonic_ns() - t0);
+  };
+  std::thread w0([&] { work(s0); }), w1([&] { work(s1); });
+
+  // A slow host: drains a little, then stalls.
+  DeviceDrain drain(region);
+  std::vector<perfq_record> got;
+  for (int i = 0; i < 50; ++i) {
+    got.clear();
+    REQUIRE(drain.poll(got, 16).is_ok());
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  w0.join();
+  w1.join();
+  stop_device = true;
+  while (!drain.finished()) {
+    got.clear();
+    REQUIRE(drain.poll(got).is_ok());
+  }
+  col.join();
+
+  uint64_t dropped_total = 0;
+  for (DeviceStream* s : {&s0, &s1}) {
+    const StreamAccount& a = drain.streams().at(s->id());
+    const StreamDelivery& d = collector.delivery()[s->id()];
+    INFO("stream " << s->id());
+    CHECK(d.undelivered == 0);  // the host drained to the end
+    CHECK(s->dropped() > 0);
+    // emitted = received + dropped, exactly, counted two ways.
+    CHECK(a.received + a.lost_reported == s->emitted());
+    CHECK(a.received + a.gap_records + (s->emitted() - a.next_index) == s->emitted());
+    CHECK(a.out_of_order == 0);
+    dropped_total += s->dropped();
+  }
+  CHECK(dropped_total > 0);
+}
+
+TEST_CASE("timer: every answer lies inside its bracket", "[device][timer]") {
+  TempShm shm("timer");
+  Region region = make_region(shm, 64);
+  SimClockConfig c;
+  c.timer_hz = GENERATE(1'000'000'000ull, 19'200'000ull, 3'000'000'000ull);
+  c.timer_offset = 123456789;
+  c.drift_ppm = GENERATE(0.0, -250.0);
+  c.jitter_ns = 2000;
+  SimClock clock(c);
+  TimerServer server(region, clock);
+  std::atomic<bool> stop{false};
+  std::thread srv([&] { server.run(stop); });
+
+  auto host = Region::open(shm.path());
+  REQUIRE(host.is_ok());
+  TimerReader reader(*host);
+  reader.open_window();
+  uint64_t outside = 0;
+  std::vector<perfq_clock_sample> samples;
+  for (int i = 0; i < 500; ++i) {
+    auto s = reader.read(std::chrono::milliseconds(200));
+    REQUIRE(s.is_ok());
+    samples.push_back(*s);
+  }
+  reader.close_window();
+  stop = true;
+  srv.join();
+  for (const auto& s : samples) {
+    // R at the bracket's ends, from the clock's own definition (monotonic).
+    if (s.value < clock.timer_at(s.before) || s.value > clock.timer_at(s.after)) ++outside;
+    CHECK(s.before <= s.after);
+  }
+  CHECK(outside == 0);
+  CHECK(server.served() == 500);
+}
+
+TEST_CASE("timer: a read with no device answering times out clearly", "[device][timer]") {
+  TempShm shm("timer-dead");
+  Region region = make_region(shm, 64);
+  TimerReader reader(region);
+  reader.open_window();
+  const uint64_t t0 = monotonic_ns();
+  auto s = reader.read(std::chrono::milliseconds(30));
+  const uint64_t waited = monotonic_ns() - t0;
+  REQUIRE_FALSE(s.is_ok());
+  CHECK(s.status().code() == Errc::kTimeout);
+  CHECK(s.status().message().find("timed out") != std::string::npos);
+  CHECK(waited >= 30'000'000);
+  CHECK(waited < 5'000'000'000);
+}
+
+TEST_CASE("timer: the server sleeps between windows", "[device][timer]") {
+  TempShm shm("timer-sleep");
+  Region region = make_region(shm, 64);
+  SimClock clock({});
+  TimerServer server(region, clock);
+  std::atomic<bool> stop{false};
+  std::thread srv([&] { server.run(stop); });
+  // Measure the server thread's CPU time over a quiet period.
+  timespec a, b;
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &a);
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &b);
+  stop = true;
+  srv.join();
+  const double cpu_ms = (b.tv_sec - a.tv_sec) * 1e3 + (b.tv_nsec - a.tv_nsec) / 1e6;
+  CHECK(cpu_ms < 30);  // a spinning server would burn all 300 ms
+  CHECK(server.windows() == 0);
+}
+
+TEST_CASE("job queue: channels are claimed, used and released", "[device][jobs]") {
+  TempShm shm("jobq");
+  Region region = make_region(shm, 64);
+  auto dq = JobQueue::format(region.app_area(), 4);
+  REQUIRE(dq.is_ok());
+  auto hq = JobQueue::attach(region.app_area());
+  REQUIRE(hq.is_ok());
+  CHECK(hq->channels() == 4);
+  CHECK(hq->ring_capacity() >= 16);
+
+  const uint64_t me = static_cast<uint64_t>(getpid());
+  std::vector<HostJobChannel> claimed;
+  for (int i = 0; i < 4; ++i) {
+    auto c = hq->claim(me);
+    REQUIRE(c.is_ok());
+    claimed.push_back(std::move(c.value()));
+  }
+  auto none = hq->claim(me);
+  REQUIRE_FALSE(none.is_ok());
+  CHECK(none.status().message().find("all 4 channels") != std::string::npos);
+
+  // A job round trip on channel 2.
+  HostJobChannel& ch = claimed[2];
+  REQUIRE(ch.submit(perfq_job{42, 1000, 5, 0}));
+  DeviceJobChannel dev = dq->device_channel(ch.index());
+  perfq_job job;
+  REQUIRE(dev.submit.try_pop(&job));
+  CHECK(job.corr_id == 42);
+  REQUIRE(dev.complete.try_push(perfq_job_completion{42, 10, 20, 0, 0}));
+  perfq_job_completion c;
+  REQUIRE(ch.poll_completion(&c));
+  CHECK(c.corr_id == 42);
+  CHECK(c.end_time == 20);
+
+  claimed.pop_back();  // releases channel 3
+  auto again = hq->claim(me);
+  REQUIRE(again.is_ok());
+  CHECK(again->index() == 3);
+}
+
+TEST_CASE("job queue: a dead owner's channel can be claimed again", "[device][jobs]") {
+  TempShm shm("jobq-dead");
+  Region region = make_region(shm, 64);
+  auto q = JobQueue::format(region.app_area(), 1);
+  REQUIRE(q.is_ok());
+  pid_t child = fork();
+  REQUIRE(child >= 0);
+  if (child == 0) {
+    auto c = q->claim(static_cast<uint64_t>(getpid()));
+    _exit(c.is_ok() ? 0 : 1);  // exits without releasing (as if killed)
+  }
+  int st = 0;
+  REQUIRE(waitpid(child, &st, 0) == child);
+  REQUIRE(WEXITSTATUS(st) == 0);
+  auto c = q->claim(static_cast<uint64_t>(getpid()));
+  REQUIRE(c.is_ok());
+}
+
+TEST_CASE("job queue: a corrupt queue header is refused", "[device][jobs][hostile]") {
+  TempShm shm("jobq-bad");
+  Region region = make_region(shm, 64);
+  REQUIRE(JobQueue::format(region.app_area()).is_ok());
+  auto* h = reinterpret_cast<perfq_jobq_header*>(region.app_area().data());
+  SECTION("stride runs past the area") { h->channel_stride = 1ull << 40; }
+  SECTION("capacity not a power of two") { h->ring_capacity = 100; }
+  SECTION("no channels") { h->channels = 0; }
+  SECTION("magic") { h->magic = 0; }
+  auto q = JobQueue::attach(region.app_area());
+  REQUIRE_FALSE(q.is_ok());
+  CHECK(q.status().code() == Errc::kCorrupt);
+}
+
+TEST_CASE("dictionary: published by the device, validated by the host", "[device][hostile]") {
+  TempShm shm("dict");
+  Region region = make_region(shm, 64);
+  std::vector<EventInfo> ev = {{0, PERFQ_KIND_LOST, "perfq_lost"},
+                               {1, PERFQ_KIND_BEGIN, "job_start"},
+                               {9, PERFQ_KIND_COUNTER, "queue_depth"}};
+  REQUIRE(publish_dictionary(region, ev).is_ok());
+  auto got = read_dictionary(region);
+  REQUIRE(got.is_ok());
+  REQUIRE(got->size() == 3);
+  CHECK((*got)[2].name == "queue_depth");
+  CHECK((*got)[2].kind == PERFQ_KIND_COUNTER);
+
+  auto* entries = reinterpret_cast<perfq_dict_entry*>(region.dict() + 1);
+  SECTION("count beyond capacity") { region.dict()->count = 100000; }
+  SECTION("name without NUL") { std::memset(entries[1].name, 'x', PERFQ_EVENT_NAME_LEN); }
+  SECTION("bad kind") { entries[2].kind = 77; }
+  auto bad = read_dictionary(region);
+  REQUIRE_FALSE(bad.is_ok());
+  CHECK(bad.status().message().find("device dictionary") != std::string::npos);
+}
+
+TEST_CASE("drain: invalid records from the device are counted and dropped", "[device][hostile]") {
+  TempShm shm("drain-bad");
+  Region region = make_region(shm, 64);
+  auto p = region.device_producer();
+  REQUIRE(p.try_push({0, 1, 0, PERFQ_FLAGS(PERFQ_KIND_INSTANT, PERFQ_CLOCK_DEVICE), 5, 0}));
+  REQUIRE(p.try_push({1, 1, 0, 0 /* kind invalid */, 6, 0}));
+  REQUIRE(p.try_push({2, 1, 0, PERFQ_FLAGS(PERFQ_KIND_END, 9), 7, 0}));
+  REQUIRE(p.try_push({3, 1, 0, PERFQ_FLAGS(PERFQ_KIND_END, PERFQ_CLOCK_DEVICE) | 0x100, 8, 0}));
+  REQUIRE(p.try_push({4, 1, 0, PERFQ_FLAGS(PERFQ_KIND_INSTANT, PERFQ_CLOCK_DEVICE), 9, 0}));
+  DeviceDrain drain(region);
+  std::vector<perfq_record> got;
+  auto n = drain.poll(got);
+  REQUIRE(n.is_ok());
+  CHECK(*n == 5);
+  CHECK(got.size() == 2);
+  CHECK(drain.invalid() == 3);
+  CHECK(drain.first_invalid().find("kind 0") != std::string::npos);
+  CHECK(drain.streams().at(0).gap_records == 3);
+
+  // A corrupt tail stops the drain with the values seen.
+  store_release(&region.host_ctrl()->tail_mirror, 1u << 20);
+  auto e = drain.poll(got);
+  REQUIRE_FALSE(e.is_ok());
+  CHECK(e.status().message().find("1048576") != std::string::npos);
+}
+
+}  // namespace
+}  // namespace perfq

@@ -1,0 +1,179 @@
+// perfq-demo-app: a host program driving the software device's emulated
+// accelerator.  Each thread claims a job channel, submits jobs (correlation
+// id, requested duration), and waits for their completions, keeping a few in
+// flight.  Prints one JSON line: jobs submitted and completed, and the host's
+// view of the submit-to-complete latency.
+#include <unistd.h>
+
+#include <CLI/CLI.hpp>
+#include <algorithm>
+#include <atomic>
+#include <cstdio>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <thread>
+#include <unordered_map>
+#include <vector>
+
+#include "perfq/device.h"
+#include "perfq/device_clock.h"
+#include "perfq/jobq.h"
+#include "perfq/transport.h"
+
+namespace perfq {
+namespace {
+
+struct Options {
+  std::string device;
+  uint64_t jobs = 1000;
+  unsigned threads = 2;
+  double job_us = 20;
+  unsigned inflight = 4;
+  double timeout_s = 10;
+};
+
+struct ThreadResult {
+  uint64_t submitted = 0, completed = 0, unknown = 0;
+  std::vector<uint64_t> latency_ns;
+  std::string error;
+};
+
+void run_thread(const JobQueue& q, unsigned t, uint64_t count, const Options& o,
+                ThreadResult& res) {
+  auto ch = q.claim(static_cast<uint64_t>(getpid()));
+  if (!ch) {
+    res.error = ch.status().message();
+    return;
+  }
+  const uint64_t prefix = (static_cast<uint64_t>(getpid()) & 0xffffff) << 40 |
+                          static_cast<uint64_t>(t & 0xff) << 32;
+  std::unordered_map<uint64_t, uint64_t> submit_time;  // corr id -> host time
+  res.latency_ns.reserve(count);
+  Backoff idle(std::chrono::microseconds(50));
+  uint64_t last_progress = monotonic_ns();
+  const auto timeout_ns = static_cast<uint64_t>(o.timeout_s * 1e9);
+  while (res.completed < count) {
+    bool progress = false;
+    while (res.submitted < count && submit_time.size() < o.inflight) {
+      const uint64_t now = monotonic_ns();
+      const perfq_job job{prefix | (res.submitted + 1), static_cast<uint64_t>(o.job_us * 1000),
+                          now, 0};
+      if (!ch->submit(job)) break;
+      submit_time.emplace(job.corr_id, now);
+      ++res.submitted;
+      progress = true;
+    }
+    perfq_job_completion c;
+    while (ch->poll_completion(&c)) {
+      const uint64_t now = monotonic_ns();
+      auto it = submit_time.find(c.corr_id);
+      if (it == submit_time.end()) {
+        ++res.unknown;  // not ours: the device answered garbage
+        continue;
+      }
+      res.latency_ns.push_back(now - it->second);
+      submit_time.erase(it);
+      ++res.completed;
+      progress = true;
+    }
+    if (ch->fault()) {
+      res.error = "completion ring: " + ch->fault().describe();
+      return;
+    }
+    if (progress) {
+      last_progress = monotonic_ns();
+      idle.reset();
+    } else {
+      if (monotonic_ns() - last_progress > timeout_ns) {
+        res.error = "no job completed for " + std::to_string(o.timeout_s) +
+                    " s: is the device (perfq-devsim) running?";
+        return;
+      }
+      idle.wait();
+    }
+  }
+}
+
+uint64_t percentile(std::vector<uint64_t>& v, double p) {
+  if (v.empty()) return 0;
+  const size_t k = std::min(v.size() - 1, static_cast<size_t>(p / 100.0 * static_cast<double>(v.size())));
+  std::nth_element(v.begin(), v.begin() + static_cast<long>(k), v.end());
+  return v[k];
+}
+
+int run(const Options& o) {
+  auto dev = open_transport(o.device);
+  if (!dev) {
+    std::fprintf(stderr, "perfq-demo-app: %s\n", dev.status().message().c_str());
+    return 1;
+  }
+  auto q = JobQueue::attach((*dev)->region().app_area());
+  if (!q) {
+    std::fprintf(stderr, "perfq-demo-app: %s: %s\n", o.device.c_str(),
+                 q.status().message().c_str());
+    return 1;
+  }
+  if (o.threads > q->channels()) {
+    std::fprintf(stderr, "perfq-demo-app: %u threads but the device has only %u job channels\n",
+                 o.threads, q->channels());
+    return 2;
+  }
+  std::vector<ThreadResult> results(o.threads);
+  std::vector<std::thread> threads;
+  const uint64_t start = monotonic_ns();
+  for (unsigned t = 0; t < o.threads; ++t) {
+    const uint64_t count = o.jobs / o.threads + (t < o.jobs % o.threads ? 1 : 0);
+    threads.emplace_back([&, t, count] { run_thread(*q, t, count, o, results[t]); });
+  }
+  for (auto& th : threads) th.join();
+  const double elapsed = static_cast<double>(monotonic_ns() - start) / 1e9;
+
+  uint64_t submitted = 0, completed = 0, unknown = 0;
+  std::vector<uint64_t> lat;
+  int rc = 0;
+  for (auto& r : results) {
+    submitted += r.submitted;
+    completed += r.completed;
+    unknown += r.unknown;
+    lat.insert(lat.end(), r.latency_ns.begin(), r.latency_ns.end());
+    if (!r.error.empty()) {
+      std::fprintf(stderr, "perfq-demo-app: %s\n", r.error.c_str());
+      rc = 1;
+    }
+  }
+  nlohmann::json out = {{"submitted", submitted},
+                        {"completed", completed},
+                        {"unknown_completions", unknown},
+                        {"threads", o.threads},
+                        {"elapsed_s", elapsed},
+                        {"latency_ns", {{"p50", percentile(lat, 50)}, {"p99", percentile(lat, 99)}}}};
+  std::printf("%s\n", out.dump().c_str());
+  return rc;
+}
+
+}  // namespace
+}  // namespace perfq
+
+int main(int argc, char** argv) {
+  perfq::Options o;
+  CLI::App app{
+      "perfq-demo-app: submit jobs to a perfq device's job queue from several threads and\n"
+      "wait for their completions. Prints one JSON line with the counts and latencies."};
+  app.add_option("--device", o.device, "Device: shm:PATH (the region perfq-devsim serves)")
+      ->required();
+  app.add_option("--jobs", o.jobs, "Jobs to run, all threads together")->capture_default_str();
+  app.add_option("--threads", o.threads, "Submitting threads, one job channel each")
+      ->capture_default_str()
+      ->check(CLI::Range(1u, 1024u));
+  app.add_option("--job-us", o.job_us, "How long the device works on each job, microseconds")
+      ->capture_default_str()
+      ->check(CLI::Range(0.0, 1e6));
+  app.add_option("--inflight", o.inflight, "Jobs in flight per thread")
+      ->capture_default_str()
+      ->check(CLI::Range(1u, 1u << 16));
+  app.add_option("--timeout", o.timeout_s, "Give up after S seconds without a completion")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  CLI11_PARSE(app, argc, argv);
+  return perfq::run(o);
+}

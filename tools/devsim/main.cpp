@@ -1,0 +1,317 @@
+// perfq-devsim: the device side in software.
+//
+// Creates or opens a region (a file under /dev/shm, or the file backing
+// QEMU's ivshmem device), publishes its event dictionary and job queue, and
+// runs the device: synthetic worker threads and job workers record into
+// their own queues, one collector moves the records into the shared ring,
+// and a timer server answers the host's register reads.  Runs until SIGINT,
+// SIGTERM or --duration, then prints exactly one JSON line of accounting.
+#include <signal.h>
+#include <time.h>
+
+#include <CLI/CLI.hpp>
+#include <atomic>
+#include <cmath>
+#include <cstdio>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "perfq/device.h"
+#include "perfq/device_clock.h"
+#include "perfq/jobq.h"
+#include "perfq/region.h"
+#include "perfq/timer.h"
+
+namespace perfq {
+namespace {
+
+// The device's event dictionary.
+enum DevsimEvent : uint32_t {
+  kEvJobStart = 1,
+  kEvJobEnd = 2,
+  kEvTick = 3,
+};
+
+const std::vector<EventInfo> kDictionary = {
+    {PERFQ_EVENT_LOST, PERFQ_KIND_LOST, "perfq_lost"},
+    {kEvJobStart, PERFQ_KIND_BEGIN, "job_start"},
+    {kEvJobEnd, PERFQ_KIND_END, "job_end"},
+    {kEvTick, PERFQ_KIND_INSTANT, "tick"},
+};
+
+struct Options {
+  std::string region;
+  bool create = false;
+  uint64_t ring_records = 1u << 16;
+  uint64_t region_size = 0;
+  uint64_t queue_records = 1u << 14;
+  unsigned workers = 2;
+  unsigned job_workers = 2;
+  double rate = 10000;
+  double duration = 0;
+  int64_t clock_offset_ns = 0;
+  double clock_drift_ppm = 0;
+  uint64_t clock_jitter_ns = 0;
+  std::vector<double> step_at;
+  std::vector<int64_t> step_ns;
+  uint64_t timer_hz = 1'000'000'000;
+  uint64_t timer_offset = 0;
+  bool truth = false;
+  std::string name = "perfq-devsim";
+};
+
+void sleep_ns(uint64_t ns) {
+  timespec ts{static_cast<time_t>(ns / 1'000'000'000), static_cast<long>(ns % 1'000'000'000)};
+  nanosleep(&ts, nullptr);
+}
+
+// A synthetic worker: `tick` events at a steady rate, scheduled against the
+// clock so a stall anywhere else does not slow it down.
+void synthetic_worker(DeviceStream& s, const SimClock& clock, double rate, bool truth,
+                      const std::atomic<bool>& stop) {
+  if (rate <= 0) return;
+  const double period_ns = 1e9 / rate;
+  const uint64_t start = monotonic_ns();
+  uint64_t n = 0;
+  while (!stop.load(std::memory_order_relaxed)) {
+    const uint64_t now = monotonic_ns();
+    const auto due = static_cast<uint64_t>(static_cast<double>(now - start) / period_ns) + 1;
+    for (int burst = 0; n < due && burst < 4096; ++burst, ++n) {
+      const uint64_t t = monotonic_ns();
+      (void)s.record_at(kEvTick, PERFQ_KIND_INSTANT, clock.device_time_at(t), truth ? t : n);
+    }
+    if (n >= due) {
+      const auto next = start + static_cast<uint64_t>(static_cast<double>(n) * period_ns);
+      const uint64_t t = monotonic_ns();
+      if (next > t) sleep_ns(std::min<uint64_t>(next - t, 1'000'000));
+    }
+  }
+}
+
+// A job worker: runs the jobs of its channels (busy for the requested time)
+// and posts completions; job_start/job_end carry the correlation id.
+void job_worker(DeviceStream& s, const SimClock& clock, const JobQueue& q, unsigned index,
+                unsigned count, const std::atomic<bool>& stop, std::atomic<uint64_t>& done) {
+  std::vector<DeviceJobChannel> mine;
+  for (uint32_t c = index; c < q.channels(); c += count) mine.push_back(q.device_channel(c));
+  Backoff idle(std::chrono::microseconds(100));
+  while (!stop.load(std::memory_order_relaxed)) {
+    bool worked = false;
+    for (auto& ch : mine) {
+      if (ch.complete.free_slots() == 0) continue;  // host not reaping: leave the job queued
+      perfq_job job;
+      if (!ch.submit.try_pop(&job)) continue;
+      const uint64_t duration = std::min<uint64_t>(job.duration_ns, 1'000'000'000);
+      const uint64_t t0 = monotonic_ns();
+      const uint64_t d0 = clock.device_time_at(t0);
+      (void)s.record_at(kEvJobStart, PERFQ_KIND_BEGIN, d0, job.corr_id);
+      while (monotonic_ns() - t0 < duration) {
+      }
+      const uint64_t d1 = clock.now();
+      (void)s.record_at(kEvJobEnd, PERFQ_KIND_END, d1, job.corr_id);
+      const perfq_job_completion c{job.corr_id, d0, d1, 0, 0};
+      (void)ch.complete.try_push(c);  // room was checked above
+      done.fetch_add(1, std::memory_order_relaxed);
+      worked = true;
+    }
+    if (worked)
+      idle.reset();
+    else
+      idle.wait();
+  }
+}
+
+int run(const Options& o) {
+  SimClockConfig cc;
+  cc.offset_ns = o.clock_offset_ns;
+  cc.drift_ppm = o.clock_drift_ppm;
+  cc.jitter_ns = o.clock_jitter_ns;
+  cc.timer_hz = o.timer_hz;
+  cc.timer_offset = o.timer_offset;
+  const uint64_t t_start = monotonic_ns();
+  for (size_t i = 0; i < o.step_at.size(); ++i)
+    cc.steps.push_back({t_start + static_cast<uint64_t>(o.step_at[i] * 1e9), o.step_ns[i]});
+  SimClock clock(cc);
+
+  Result<Region> region = Status(Errc::kInvalidArgument, "");
+  if (o.create) {
+    RegionGeometry g;
+    g.ring_capacity = o.ring_records;
+    g.device_name = o.name;
+    g.timer_hz = o.timer_hz;
+    g.features = PERFQ_FEAT_TIMER_REQRESP | PERFQ_FEAT_JOB_QUEUE;
+    g.min_region_size = o.region_size;
+    region = Region::create(o.region, g);
+  } else {
+    region = Region::open(o.region);
+  }
+  if (!region) {
+    std::fprintf(stderr, "perfq-devsim: %s\n", region.status().message().c_str());
+    return 1;
+  }
+  const Region& r = *region;
+  if (Status s = publish_dictionary(r, kDictionary); !s) {
+    std::fprintf(stderr, "perfq-devsim: %s\n", s.message().c_str());
+    return 1;
+  }
+  auto jobq = JobQueue::format(r.app_area());
+  if (!jobq) {
+    std::fprintf(stderr, "perfq-devsim: %s\n", jobq.status().message().c_str());
+    return 1;
+  }
+  const unsigned job_workers = std::min<unsigned>(o.job_workers, jobq->channels());
+
+  // Block the stop signals in every thread; the main thread waits for them.
+  sigset_t sigs;
+  sigemptyset(&sigs);
+  sigaddset(&sigs, SIGINT);
+  sigaddset(&sigs, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &sigs, nullptr);
+
+  std::vector<std::unique_ptr<DeviceStream>> streams;
+  std::vector<DeviceStream*> raw;
+  std::vector<std::string> names;
+  for (unsigned i = 0; i < o.workers + job_workers; ++i) {
+    streams.push_back(std::make_unique<DeviceStream>(static_cast<uint16_t>(i), o.queue_records,
+                                                     clock));
+    raw.push_back(streams.back().get());
+    names.push_back(i < o.workers ? "worker" + std::to_string(i)
+                                  : "jobworker" + std::to_string(i - o.workers));
+  }
+
+  std::atomic<bool> stop_workers{false}, stop_device{false};
+  std::atomic<uint64_t> jobs_done{0};
+  DeviceCollector collector(r, raw, clock);
+  TimerServer timer(r, clock);
+  std::thread collector_thread([&] { collector.run(stop_device); });
+  std::thread timer_thread([&] { timer.run(stop_device); });
+  std::vector<std::thread> workers;
+  const double per_worker = o.workers ? o.rate / o.workers : 0;
+  for (unsigned i = 0; i < o.workers; ++i)
+    workers.emplace_back(
+        [&, i] { synthetic_worker(*raw[i], clock, per_worker, o.truth, stop_workers); });
+  for (unsigned j = 0; j < job_workers; ++j)
+    workers.emplace_back([&, j] {
+      job_worker(*raw[o.workers + j], clock, *jobq, j, job_workers, stop_workers, jobs_done);
+    });
+
+  std::fprintf(stderr, "perfq-devsim: device '%s' running on %s (ring %llu records, %u workers, "
+               "%u job workers, %u job channels)\n",
+               r.device_name().c_str(), o.region.c_str(),
+               static_cast<unsigned long long>(r.ring_capacity()), o.workers, job_workers,
+               jobq->channels());
+
+  // Wait for a stop signal or the end of --duration.
+  int sig = 0;
+  for (;;) {
+    timespec ts{0, 100'000'000};
+    sig = sigtimedwait(&sigs, nullptr, &ts);
+    if (sig == SIGINT || sig == SIGTERM) break;
+    if (o.duration > 0 && static_cast<double>(monotonic_ns() - t_start) >= o.duration * 1e9) break;
+  }
+  const double elapsed = static_cast<double>(monotonic_ns() - t_start) / 1e9;
+  stop_workers = true;
+  for (auto& t : workers) t.join();
+  stop_device = true;  // the collector delivers what is queued, then stops
+  collector_thread.join();
+  timer_thread.join();
+
+  nlohmann::json js = nlohmann::json::array();
+  uint64_t emitted = 0, dropped = 0, delivered = 0;
+  for (size_t i = 0; i < raw.size(); ++i) {
+    const StreamDelivery& d = collector.delivery()[i];
+    const uint64_t e = raw[i]->emitted();
+    const uint64_t dr = raw[i]->dropped() + d.undelivered;
+    emitted += e;
+    dropped += dr;
+    delivered += d.delivered;
+    js.push_back({{"stream", i},
+                  {"name", names[i]},
+                  {"emitted", e},
+                  {"dropped", dr},
+                  {"delivered", d.delivered},
+                  {"lost_reported", d.lost_reported}});
+  }
+  nlohmann::json out = {{"emitted", emitted},
+                        {"dropped", dropped},
+                        {"delivered", delivered},
+                        {"streams", js},
+                        {"jobs_completed", jobs_done.load()},
+                        {"duration_s", elapsed},
+                        {"region", o.region},
+                        {"ring_records", r.ring_capacity()},
+                        {"timer_reads_served", timer.served()},
+                        {"signal", sig > 0 ? strsignal(sig) : "none"}};
+  if (collector.fault()) out["fault"] = "host head: " + collector.fault().describe();
+  std::printf("%s\n", out.dump().c_str());
+  std::fflush(stdout);
+  if (collector.fault()) {
+    std::fprintf(stderr, "perfq-devsim: stopped: the host wrote a bad head: %s\n",
+                 collector.fault().describe().c_str());
+    return 1;
+  }
+  return 0;
+}
+
+}  // namespace
+}  // namespace perfq
+
+int main(int argc, char** argv) {
+  perfq::Options o;
+  CLI::App app{
+      "perfq-devsim: the perfq device in software. Creates or opens a shared region (a file\n"
+      "under /dev/shm, or the file backing a QEMU ivshmem device), and runs device workers,\n"
+      "job workers, the collector and the timer register until SIGINT/SIGTERM or --duration.\n"
+      "Prints one JSON line of accounting on exit (emitted, dropped, per stream)."};
+  app.add_option("--region", o.region, "Region file (e.g. /dev/shm/perfq0)")->required();
+  app.add_flag("--create", o.create, "Create (or re-create) the region instead of opening it");
+  app.add_option("--ring-records", o.ring_records, "Shared ring capacity, a power of two (with --create)")
+      ->capture_default_str();
+  app.add_option("--region-size", o.region_size,
+                 "Pad the region to at least this many bytes (e.g. an ivshmem BAR size)");
+  app.add_option("--queue-records", o.queue_records,
+                 "Capacity of each worker's own queue, a power of two")
+      ->capture_default_str();
+  app.add_option("--workers", o.workers, "Synthetic worker threads")->capture_default_str();
+  app.add_option("--job-workers", o.job_workers, "Job worker threads")->capture_default_str();
+  app.add_option("--rate", o.rate, "Synthetic events per second, all workers together")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--duration", o.duration, "Stop after S seconds (default: run until a signal)")
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--clock-offset-ns", o.clock_offset_ns,
+                 "Device clock D minus host CLOCK_MONOTONIC, ns (any signed value)");
+  app.add_option("--clock-drift-ppm", o.clock_drift_ppm, "Device clock drift, ppm")
+      ->check(CLI::Range(-100000.0, 100000.0));
+  app.add_option("--clock-jitter-ns", o.clock_jitter_ns,
+                 "Random delay of up to J ns between paired clock reads and before serving a "
+                 "register read");
+  app.add_option("--clock-step-at", o.step_at, "Step the device clock S seconds after start (repeatable)");
+  app.add_option("--clock-step-ns", o.step_ns, "Size of each step, ns, either sign (one per --clock-step-at)");
+  app.add_option("--timer-hz", o.timer_hz, "Timer register rate, Hz")
+      ->capture_default_str()
+      ->check(CLI::Range(uint64_t{1}, uint64_t{PERFQ_CLOCK_HZ_MAX}));
+  app.add_option("--timer-offset", o.timer_offset, "Timer register value at host time 0, ticks");
+  app.add_option("--device-name", o.name, "Device name published in the region")->capture_default_str();
+  app.add_flag("--truth", o.truth,
+               "Store the true host CLOCK_MONOTONIC time of each synthetic event in its arg");
+  CLI11_PARSE(app, argc, argv);
+  if (o.step_at.size() != o.step_ns.size()) {
+    std::fprintf(stderr, "perfq-devsim: give one --clock-step-ns per --clock-step-at (%zu vs %zu)\n",
+                 o.step_at.size(), o.step_ns.size());
+    return 2;
+  }
+  if (!perfq::is_pow2(o.queue_records) || o.queue_records < 2) {
+    std::fprintf(stderr, "perfq-devsim: --queue-records %llu is not a power of two >= 2\n",
+                 static_cast<unsigned long long>(o.queue_records));
+    return 2;
+  }
+  if (o.workers + o.job_workers == 0 || o.workers + o.job_workers > 65535) {
+    std::fprintf(stderr, "perfq-devsim: need 1..65535 worker threads in all\n");
+    return 2;
+  }
+  return perfq::run(o);
+}
