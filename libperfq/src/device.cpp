@@ -69,7 +69,6 @@ bool DeviceCollector::drained() const {
 }
 
 void DeviceCollector::run(const std::atomic<bool>& stop) {
-  set_device_state(region_, PERFQ_DEVICE_RUNNING);
   Backoff idle(opts_.max_sleep);
   while (!stop.load(std::memory_order_acquire)) {
     if (pass() > 0)

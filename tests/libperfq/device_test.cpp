@@ -69,6 +69,7 @@ TEST_CASE("device: workers, collector and host drain account for every record", 
   DeviceCollector collector(region, raw, clock);
   std::atomic<bool> stop_device{false};
   std::thread col([&] { collector.run(stop_device); });
+  set_device_state(region, PERFQ_DEVICE_RUNNING);
   std::vector<std::thread> workers;
   std::atomic<uint64_t> worker_drops{0};
   for (unsigned i = 0; i < kWorkers; ++i)

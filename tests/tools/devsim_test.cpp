@@ -26,12 +26,12 @@ constexpr double kRateScale = 0.25;  // sanitizers are slower: lighter loads
 constexpr double kRateScale = 1;
 #endif
 
-// Open the region once the device has created it.
+// Open the region once the device has created it and says it is running.
 Region wait_for_region(const std::string& path, Child& dev) {
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
   while (true) {
     auto r = Region::open(path);
-    if (r.is_ok()) return std::move(r.value());
+    if (r.is_ok() && device_state(*r) != PERFQ_DEVICE_INIT) return std::move(r.value());
     INFO("devsim stderr: " << dev.err());
     REQUIRE(dev.running());
     REQUIRE(std::chrono::steady_clock::now() < deadline);
@@ -155,6 +155,7 @@ TEST_CASE("devsim: timer reads answer inside the bracket, and time out on a stop
   // The default timer is R = CLOCK_MONOTONIC ns: H1 <= R <= H2.
   for (int round = 0; round < 5; ++round) {
     auto s = (*t)->clock_samples(PERFQ_SYNC_MAX_SAMPLES);
+    INFO(s.status().message());
     REQUIRE(s.is_ok());
     for (const auto& x : *s) {
       CHECK(x.before <= x.value);

@@ -198,6 +198,8 @@ int run(const Options& o) {
       job_worker(*raw[o.workers + j], clock, *jobq, j, job_workers, stop_workers, jobs_done);
     });
 
+  // Everything is up: the host may use the device now.
+  set_device_state(r, PERFQ_DEVICE_RUNNING);
   std::fprintf(stderr, "perfq-devsim: device '%s' running on %s (ring %llu records, %u workers, "
                "%u job workers, %u job channels)\n",
                r.device_name().c_str(), o.region.c_str(),

@@ -89,7 +89,8 @@ class DeviceCollector {
 
   // Collect until stop is set, then deliver what the workers queued (call it
   // after the workers have stopped recording, or they keep adding) within the
-  // shutdown timeout, and mark the device STOPPED.
+  // shutdown timeout, and mark the device STOPPED.  (The device marks itself
+  // RUNNING, with set_device_state(), once all its threads are up.)
   void run(const std::atomic<bool>& stop);
 
   // One pass over all streams; returns the records moved (LOST included).
