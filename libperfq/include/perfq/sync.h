@@ -1,0 +1,307 @@
+// Host-device clock synchronization: from bracketed clock samples to a
+// piecewise clock model that converts device times to host time.
+//
+// Clocks (see ARCHITECTURE.md "Time synchronization"):
+//   H  host time, CLOCK_MONOTONIC ns;
+//   D  device system time, device_clock_hz ticks per second (nominal);
+//   R  the device timer register, timer_hz ticks per second (nominal),
+//      readable by both sides: the bridge between H and D.
+// Every clock has an arbitrary u64 origin.  Absolute times are u64 and all
+// arithmetic on them is modular: a difference of two times of one clock is
+// read as a signed 64-bit value, so any offset between clocks works (H - D
+// may be anything, including beyond the s64 range) as long as the times
+// compared inside one recording are less than 2^63 ticks apart.
+//
+// The pipeline:
+//   1. make_observation(): one sync round's host samples (H1, R2, H2) and
+//      device samples (R1 before, D, R1 after) -> one observation (D, H at
+//      the same instant, uncertainty), selecting samples by delay.
+//   2. ClockSync: robust weighted fit of offset and drift over a sliding
+//      window of observations, step detection (new segment), and the
+//      history of models, so that to_host(d) uses the model valid at d.
+//   3. fit_offline(): the whole-recording piecewise model from all
+//      observations, with two-sided fits, for re-synchronization.
+//   4. DeviceClockSync: mode B, the same math on the device.
+// The time sync buffer (the seqlocked model and sample batches in the shared
+// region) is in perfq/sync_buffer.h.
+//
+// Threading: every class here is a plain value type; one thread uses an
+// instance at a time (the caller synchronizes).  Nothing here blocks.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "perfq/perfq_abi.h"
+#include "perfq/status.h"
+
+namespace perfq {
+
+// ---- Nominal rates ------------------------------------------------------------
+
+struct ClockRates {
+  uint64_t device_hz = 1'000'000'000;  // D, from perfq_region_header.device_clock_hz
+  uint64_t timer_hz = 1'000'000'000;   // R, from perfq_region_header.timer_hz
+
+  // Both nonzero and <= PERFQ_CLOCK_HZ_MAX.
+  Status validate() const;
+  // Nominal ns per tick.
+  long double device_ns_per_tick() const { return 1e9L / static_cast<long double>(device_hz); }
+  long double timer_ns_per_tick() const { return 1e9L / static_cast<long double>(timer_hz); }
+};
+
+// Signed difference of two times of one clock (modular: any origin works).
+inline int64_t time_diff(uint64_t a, uint64_t b) noexcept {
+  return static_cast<int64_t>(a - b);
+}
+
+// ---- 1. Sampling and selection ------------------------------------------------------
+
+// One sync round reduced to a point: at the instant the device clock read
+// `device_time`, the host clock read `host_ns`.
+struct SyncObservation {
+  uint64_t device_time = 0;    // D, device ticks
+  uint64_t host_ns = 0;        // H at the same instant
+  double uncertainty_ns = 0;   // bound: |error| <= this if every bracket is honest
+  double host_delay_ns = 0;    // tightest host bracket H2 - H1
+  double device_delay_ns = 0;  // tightest device bracket R1after - R1before, in ns
+  uint32_t round = 0;
+  uint16_t host_used = 0;    // host samples averaged into this observation
+  uint16_t device_used = 0;  // device samples averaged into this observation
+};
+
+struct SelectionConfig {
+  // chrony-style: average the samples whose delay is within
+  // max(margin_ns, margin_frac * min_delay) of the tightest one.  0/0 keeps
+  // only the tightest sample.
+  double margin_ns = 50;
+  double margin_frac = 0.1;
+  // A sample among the tightest whose implied offset is more than
+  // max(outlier_k * robust spread, its half-bracket + the best half-bracket
+  // + margin) from the median is a shifted value, not a clock reading.
+  double outlier_k = 5;
+  // Widen the margin to the robust scatter of the tight samples' values
+  // when that is larger (noisy clock reads: averaging beats selecting).
+  bool average_scatter = true;
+};
+
+// Host samples: {before = H1, value = R2, after = H2}.  Device samples:
+// {before = R1 before, value = D, after = R1 after}.  Samples whose bracket
+// is inverted or absurdly wide (> 2^62 ticks) are skipped (the host never
+// trusts the device); with no usable sample on a side the result is an
+// error.  Combines, at one instant,
+//   H - D = (H1 + H2)/2 - R2 - (D - R1),  R1 = (R1before + R1after)/2,
+// with R converted to ns (and to device ticks) at its nominal rate.
+Result<SyncObservation> make_observation(std::span<const perfq_clock_sample> host,
+                                         std::span<const perfq_clock_sample> device,
+                                         const ClockRates& rates,
+                                         const SelectionConfig& sel = {}, uint32_t round = 0);
+
+// ---- 2. Clock model ------------------------------------------------------------
+
+// One linear model: host = host_ref + host_frac + (d - device_ref) * ns_per_tick.
+struct ClockModel {
+  uint64_t device_ref = 0;
+  uint64_t host_ref = 0;
+  double host_frac = 0;          // sub-ns part of the host time at device_ref, [0, 1)
+  long double ns_per_tick = 1;   // host ns per device tick (nominal * (1 + drift))
+  double uncertainty_ns = 0;     // ~3 sigma at device_ref
+  double rate_sigma_ppb = 0;     // 1 sigma of the rate estimate
+  uint64_t valid_from_device = 0;
+  uint32_t segment = 0;
+  bool valid = false;
+
+  uint64_t to_host(uint64_t device_time) const noexcept;
+  // How fast the device clock runs against its nominal rate, measured in
+  // host time, in ppb (+1000 ppm: D gains 1 ms per host second).  Note the
+  // ABI's rate_ppb is the inverse view (host ns per device tick).
+  double device_drift_ppb(const ClockRates& rates) const noexcept;
+
+  // The ABI form.  rate_ppb is host ns per device tick minus 1, in ppb, so
+  // the ABI formula host = host_ref_ns + (d - device_ref) * (1 + rate_ppb/1e9)
+  // holds for any device rate (250 MHz: rate_ppb ~ 3e9).  host_ref_ns is the
+  // u64 host time bit-cast to s64.  seq is left 0 (the buffer writer sets it).
+  perfq_sync_model to_abi() const noexcept;
+  // Refuses unknown flag bits and a rate that is not a positive number of ns
+  // per tick (1e9 + rate_ppb in (0, 1e18]).  A model without the VALID flag
+  // converts to valid = false.
+  static Result<ClockModel> from_abi(const perfq_sync_model& m);
+};
+
+// host = host_ref_ns + (d - device_ref) * (1e9 + rate_ppb) / 1e9, exact in
+// 128-bit integers, rounded to nearest; modular in u64.  What a device in
+// mode A (or any reader of the time sync buffer) computes.
+uint64_t apply_abi_model(const perfq_sync_model& m, uint64_t device_time) noexcept;
+
+struct SyncConfig {
+  uint32_t window = 128;         // observations in the online fit (12.8 s at 100 ms)
+  uint32_t offline_window = 128;  // centered window of the offline fit
+  double reject_k = 4;           // reject residuals beyond k x robust sigma (MAD)
+  double reject_floor_ns = 20;   // ... but never below this (quantization)
+  double sigma_floor_ns = 2;     // minimum per-observation sigma
+  double prior_drift_ppm = 1000;  // prior 1-sigma of the drift around nominal
+  // Step detection: an observation further than
+  //   max(step_min_ns, step_k x robust sigma, 3 x (its uncertainty + model's))
+  // from the prediction is a step candidate; a second one consistent with it
+  // starts a new segment; a normal observation in between discards it.
+  double step_min_ns = 2000;
+  double step_k = 8;
+  // Observations less certain than this are useless (a preempted round):
+  // verdict kOutlier, never fitted, never a step witness.
+  double max_uncertainty_ns = 1e6;
+  uint32_t max_history = 1u << 18;  // models kept for conversion of past times
+};
+
+// A piecewise model: segments (split at clock steps), each a sequence of
+// linear models (knots) ordered by device time.
+class PiecewiseModel {
+ public:
+  struct Segment {
+    uint32_t id = 0;
+    uint64_t valid_from = 0;   // device time range this segment claims
+    uint64_t valid_until = UINT64_MAX;
+    std::vector<ClockModel> knots;
+  };
+
+  // interpolate: blend the two knots around d (offline); otherwise use the
+  // last knot at or before d (online: the model that was current at d).
+  explicit PiecewiseModel(bool interpolate = false) : interpolate_(interpolate) {}
+
+  bool empty() const { return segments_.empty(); }
+  const std::vector<Segment>& segments() const { return segments_; }
+  std::vector<Segment>& mutable_segments() { return segments_; }
+
+  // The segment for d: the newest whose range contains d, else the nearest.
+  // -1 when empty.  Device times inside an interval where a backward step
+  // made the clock repeat itself are ambiguous: the newest segment wins
+  // (use the explicit-segment overload when the caller knows better).
+  int segment_for(uint64_t device_time) const;
+  // Host time of d (0 when empty).
+  uint64_t to_host(uint64_t device_time) const;
+  uint64_t to_host(uint64_t device_time, uint32_t segment) const;
+  // The model used for d (valid = false when empty).
+  ClockModel model_at(uint64_t device_time) const;
+  // Every knot as an ABI model, for the trace file.
+  std::vector<perfq_sync_model> to_abi() const;
+
+ private:
+  uint64_t convert(const Segment& s, uint64_t d) const;
+  bool interpolate_;
+  std::vector<Segment> segments_;
+};
+
+// The online tracker (the sync thread's state).
+class ClockSync {
+ public:
+  enum class Verdict : uint8_t {
+    kAccepted,     // used in the fit
+    kRejected,     // inside the model's reach but rejected by the robust fit
+    kOutlier,      // far off and too uncertain to witness a step
+    kStepPending,  // far off: a step candidate waiting for confirmation
+    kNewSegment,   // confirmed a step: this and the pending one start a segment
+    kInvalid,      // not a usable observation
+  };
+
+  explicit ClockSync(const ClockRates& rates, const SyncConfig& cfg = {});
+
+  Verdict add(const SyncObservation& obs);
+
+  bool has_model() const { return current_.valid; }
+  // The model fitted after the last accepted observation.
+  const ClockModel& current() const { return current_; }
+  uint32_t segment() const { return current_.segment; }
+  // Robust sigma of the current window's residuals (ns).
+  double residual_sigma_ns() const { return sigma_; }
+  // Conversion with the model that was current at d (piecewise history).
+  uint64_t to_host(uint64_t device_time) const { return history_.to_host(device_time); }
+  const PiecewiseModel& history() const { return history_; }
+  const ClockRates& rates() const { return rates_; }
+  const SyncConfig& config() const { return cfg_; }
+
+ private:
+  void start_segment(const SyncObservation* first, const SyncObservation& second);
+  void refit();
+  void push_knot();
+
+  ClockRates rates_;
+  SyncConfig cfg_;
+  std::vector<SyncObservation> window_;  // current segment, oldest first
+  std::vector<uint8_t> inlier_;          // parallel to window_
+  bool have_pending_ = false;
+  SyncObservation pending_;
+  ClockModel current_;
+  double sigma_ = 0;
+  // The last fit, relative to current_.device_ref: value variance at
+  // fit_xbar_, slope variance (for the prediction's uncertainty).
+  long double fit_xbar_ = 0, fit_var_ybar_ = 0, fit_var_c_ = 0;
+  long double prior_slope_ = 1;  // nominal ns/tick and its prior variance
+  long double prior_var_ = 0;
+  long double seg_slope0_ = 1;  // the current segment's slope prior
+  long double seg_var0_ = 0;
+  uint32_t seg_id_ = 0;
+  uint32_t next_segment_ = 0;
+  size_t knots_total_ = 0;
+  PiecewiseModel history_{false};
+};
+
+// ---- 3. Offline re-synchronization ---------------------------------------------------
+
+struct OfflineFit {
+  PiecewiseModel model{true};
+  std::vector<ClockSync::Verdict> verdicts;  // per input observation
+  std::vector<int32_t> segment_of;           // per observation, -1 when not used
+};
+
+// Whole-recording model: the same segmentation as the online tracker, then
+// for every observation a robust fit over a window centered on it (data on
+// both sides), and conversion by interpolation between those knots.
+OfflineFit fit_offline(std::span<const SyncObservation> observations, const ClockRates& rates,
+                       const SyncConfig& cfg = {});
+
+// The same from raw rounds (host and device samples of each round).
+struct SyncRound {
+  uint32_t round = 0;
+  std::vector<perfq_clock_sample> host;
+  std::vector<perfq_clock_sample> device;
+};
+OfflineFit fit_offline_rounds(std::span<const SyncRound> rounds, const ClockRates& rates,
+                              const SyncConfig& cfg = {}, const SelectionConfig& sel = {});
+
+// ---- 4. Mode B: the device converts its own record times ------------------------------
+
+// Runs on the device: pairs the host samples from the mailbox with the
+// device's own samples of the same round, tracks the same model, and
+// converts record times to host time.  One thread (the device collector).
+class DeviceClockSync {
+ public:
+  explicit DeviceClockSync(const ClockRates& rates, const SyncConfig& cfg = {},
+                           const SelectionConfig& sel = {});
+
+  Result<ClockSync::Verdict> update(std::span<const perfq_clock_sample> host_samples,
+                                    std::span<const perfq_clock_sample> device_samples,
+                                    uint32_t round);
+  // Reads the mailbox (validated, under its seqlock) and requires its round
+  // to be `round`, the round of device_samples.
+  Result<ClockSync::Verdict> update_from_page(const perfq_sync_page* page,
+                                              std::span<const perfq_clock_sample> device_samples,
+                                              uint32_t round);
+
+  bool ready() const { return sync_.has_model(); }
+  // Host time of a device time, with the model current now (records are
+  // converted as they are collected, so the latest model is the one valid
+  // for them).  Returns the input unchanged when no model exists yet.
+  uint64_t to_host(uint64_t device_time) const;
+  // Rewrites a PERFQ_CLOCK_DEVICE record into PERFQ_CLOCK_HOST_BY_DEVICE;
+  // false (record untouched) when not ready or the record is in another domain.
+  bool convert_record(perfq_record* r) const;
+  const ClockSync& sync() const { return sync_; }
+
+ private:
+  ClockSync sync_;
+  SelectionConfig sel_;
+};
+
+const char* verdict_name(ClockSync::Verdict v);
+
+}  // namespace perfq
