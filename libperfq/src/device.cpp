@@ -1,5 +1,7 @@
 #include "perfq/device.h"
 
+#include "perfq/sync_buffer.h"
+
 #include <time.h>
 
 #include <algorithm>
@@ -22,9 +24,34 @@ DeviceCollector::DeviceCollector(const Region& region, std::vector<DeviceStream*
       clock_(clock),
       opts_(opts),
       producer_(region.device_producer()),
-      delivery_(streams_.size()) {}
+      delivery_(streams_.size()),
+      mode_b_(ClockRates{region.header().device_clock_hz, region.header().timer_hz}) {}
+
+void DeviceCollector::poll_mailbox() {
+  const perfq_sync_page* page = region_.sync();
+  if (__atomic_load_n(&page->mode, __ATOMIC_ACQUIRE) != PERFQ_SYNC_MODE_B) {
+    converting_ = false;
+    return;
+  }
+  auto host = read_sample_batch(&page->mailbox);
+  if (!host || host->round == mailbox_round_ || host->samples.empty()) return;
+  // Our own samples of the same round (the timer server published them).
+  auto own = read_sample_batch(&page->device_samples);
+  if (!own || own->round != host->round) return;
+  mailbox_round_ = host->round;
+  (void)mode_b_.update(host->samples, own->samples, host->round);
+  converting_ = mode_b_.ready();
+}
 
 size_t DeviceCollector::pass() {
+  if (opts_.mode_b) {
+    const uint64_t now = monotonic_ns();
+    if (now >= next_mailbox_poll_) {
+      poll_mailbox();
+      next_mailbox_poll_ =
+          now + static_cast<uint64_t>(opts_.mailbox_poll.count()) * 1'000'000ull;
+    }
+  }
   size_t moved = 0;
   for (size_t i = 0; i < streams_.size(); ++i) {
     DeviceStream& s = *streams_[i];
@@ -35,9 +62,10 @@ size_t DeviceCollector::pass() {
     // Report the drops since the last report before anything newer.
     const uint64_t dropped = s.dropped();
     if (dropped > d.lost_reported) {
-      const perfq_record lost{s.emitted(), PERFQ_EVENT_LOST, s.id(),
-                              PERFQ_FLAGS(PERFQ_KIND_LOST, PERFQ_CLOCK_DEVICE), clock_.now(),
-                              dropped - d.lost_reported};
+      perfq_record lost{s.emitted(), PERFQ_EVENT_LOST, s.id(),
+                        PERFQ_FLAGS(PERFQ_KIND_LOST, PERFQ_CLOCK_DEVICE), clock_.now(),
+                        dropped - d.lost_reported};
+      if (converting_) (void)mode_b_.convert_record(&lost);
       if (!producer_.try_push(lost)) break;
       d.lost_reported = dropped;
       ++moved;
@@ -49,6 +77,8 @@ size_t DeviceCollector::pass() {
     auto dst = producer_.reserve(src.size());
     const size_t n = dst.size();  // == src.size(): room was checked
     for (size_t k = 0; k < n; ++k) dst[k] = src[k];
+    if (converting_)
+      for (size_t k = 0; k < n; ++k) (void)mode_b_.convert_record(&dst[k]);
     producer_.commit(n);
     s.consumer_.release(n);
     d.delivered += n;

@@ -1,6 +1,7 @@
 #include "perfq/timer.h"
 
 #include <linux/futex.h>
+#include <sched.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -8,6 +9,7 @@
 #include <string>
 
 #include "perfq/ring.h"
+#include "perfq/sync_buffer.h"
 
 namespace perfq {
 namespace {
@@ -29,25 +31,34 @@ inline void cpu_relax() {
 
 }  // namespace
 
-TimerServer::TimerServer(const Region& region, const DeviceClock& clock, Options opts,
-                         std::function<void()> on_window_open)
-    : region_(region), clock_(clock), opts_(opts), on_window_open_(std::move(on_window_open)) {}
+TimerServer::TimerServer(const Region& region, const DeviceClock& clock, Options opts)
+    : region_(region), clock_(clock), opts_(opts) {}
+
+void TimerServer::publish(uint32_t round, std::vector<perfq_clock_sample>& samples) {
+  write_sample_batch(&region_.sync()->device_samples, round, samples);
+  samples.clear();
+}
 
 void TimerServer::run(const std::atomic<bool>& stop) {
   perfq_timer_page* t = region_.timer();
   uint64_t last = load_acquire(&t->resp_tag);
+  std::vector<perfq_clock_sample> samples;
+  samples.reserve(PERFQ_SYNC_MAX_SAMPLES);
+  const uint64_t limit = static_cast<uint64_t>(
+      std::chrono::duration_cast<std::chrono::nanoseconds>(opts_.spin_limit).count());
+  uint32_t round = 0;
   while (!stop.load(std::memory_order_acquire)) {
-    if (__atomic_load_n(&t->window, __ATOMIC_ACQUIRE) == 0) {
-      futex_wait(&t->window, 0, opts_.poll);
-      continue;
+    if (round == 0) {
+      round = __atomic_load_n(&t->window, __ATOMIC_ACQUIRE);
+      if (round == 0) {
+        futex_wait(&t->window, 0, opts_.poll);
+        continue;
+      }
+      windows_.fetch_add(1, std::memory_order_relaxed);
     }
-    windows_.fetch_add(1, std::memory_order_relaxed);
-    if (on_window_open_) on_window_open_();
-    // Serve requests while the window is open; if the reader goes quiet for
-    // spin_limit (it died, or forgot to close), go back to polling.
+    // Serve requests while the window of this round is open; if the reader
+    // goes quiet for spin_limit (it died, or forgot to close), poll slowly.
     uint64_t quiet_since = monotonic_ns();
-    const uint64_t limit = static_cast<uint64_t>(
-        std::chrono::duration_cast<std::chrono::nanoseconds>(opts_.spin_limit).count());
     for (uint32_t n = 0;; ++n) {
       // Pairs with the reader's store_release of req_tag.
       const uint64_t req = load_acquire(&t->req_tag);
@@ -58,15 +69,23 @@ void TimerServer::run(const std::atomic<bool>& stop) {
         store_release(&t->resp_tag, req);
         last = req;
         served_.fetch_add(1, std::memory_order_relaxed);
+        // Our own sample, right after the answer: interleaved with the host's.
+        if (samples.size() < PERFQ_SYNC_MAX_SAMPLES) samples.push_back(sample_device_clock(clock_));
         quiet_since = monotonic_ns();
         continue;
       }
       cpu_relax();
       if ((n & 255) == 0) {
-        if (__atomic_load_n(&t->window, __ATOMIC_ACQUIRE) == 0) break;
+        const uint32_t w = __atomic_load_n(&t->window, __ATOMIC_ACQUIRE);
+        if (w != round) {  // closed, or already the next round
+          publish(round, samples);
+          round = w;
+          if (w != 0) windows_.fetch_add(1, std::memory_order_relaxed);
+          break;
+        }
         if (stop.load(std::memory_order_acquire)) return;
         if (monotonic_ns() - quiet_since > limit) {
-          futex_wait(&t->window, 1, opts_.poll);  // a window left open: poll slowly
+          futex_wait(&t->window, w, opts_.poll);  // a window left open: poll slowly
           quiet_since = monotonic_ns() - limit;   // keep polling until a request
         }
       }
@@ -77,9 +96,9 @@ void TimerServer::run(const std::atomic<bool>& stop) {
 TimerReader::TimerReader(const Region& region)
     : region_(region), tag_(load_acquire(&region.timer()->req_tag)) {}
 
-void TimerReader::open_window() noexcept {
+void TimerReader::open_window(uint32_t round) noexcept {
   uint32_t* w = &region_.timer()->window;
-  __atomic_store_n(w, 1u, __ATOMIC_RELEASE);
+  __atomic_store_n(w, round == 0 ? 1u : round, __ATOMIC_RELEASE);
   futex_wake_all(w);
 }
 
@@ -105,7 +124,14 @@ Result<perfq_clock_sample> TimerReader::read(std::chrono::microseconds timeout) 
       return s;
     }
     cpu_relax();
-    if ((n & 63) == 0 && monotonic_ns() > deadline)
+    if ((n & 63) != 0) continue;
+    const uint64_t now = monotonic_ns();
+    // A device that does not answer within microseconds is not running right
+    // now (a busy machine, or asleep until the window opened): let it run
+    // instead of spinning.  The sample's bracket is wide; the sync round's
+    // selection by delay discards it.
+    if (now - s.before > 20'000) sched_yield();
+    if (now > deadline)
       return Status(Errc::kTimeout,
                     "timer register read timed out after " + std::to_string(timeout.count()) +
                         " us: device '" + region_.device_name() + "' did not answer request " +

@@ -2,6 +2,8 @@
 
 #include "perfq/timer.h"
 
+#include <thread>
+
 namespace perfq {
 namespace {
 
@@ -13,16 +15,20 @@ class ShmTransport final : public DeviceTransport {
   const std::string& spec() const override { return spec_; }
   const Region& region() const override { return region_; }
 
-  Result<std::vector<perfq_clock_sample>> clock_samples(size_t n,
+  Result<std::vector<perfq_clock_sample>> clock_samples(uint32_t round, size_t n,
                                                         std::chrono::microseconds timeout) override {
     if (n == 0 || n > PERFQ_SYNC_MAX_SAMPLES)
       return Status(Errc::kInvalidArgument, "clock samples: n must be 1.." +
                                                 std::to_string(PERFQ_SYNC_MAX_SAMPLES));
     std::vector<perfq_clock_sample> out;
     out.reserve(n);
-    timer_.open_window();
-    // The device may be asleep until the window opens: the first read gets
-    // the poll period on top of the timeout.
+    timer_.open_window(round);
+    // The device's server is asleep until the window opens.  Sleep a moment
+    // ourselves rather than spin: the woken server then gets a CPU of its
+    // own instead of sharing ours (where every read would wait for us to be
+    // preempted).  The first read still gets the poll period on top of the
+    // timeout, for a device that polls instead of being woken.
+    std::this_thread::sleep_for(std::chrono::microseconds(500));
     for (size_t i = 0; i < n; ++i) {
       auto s = timer_.read(i == 0 ? timeout + std::chrono::milliseconds(20) : timeout);
       if (!s) {

@@ -11,6 +11,7 @@
 #include "perfq/drain.h"
 #include "perfq/jobq.h"
 #include "perfq/region.h"
+#include "perfq/sync_buffer.h"
 #include "perfq/timer.h"
 #include "test_util.h"
 
@@ -191,7 +192,7 @@ TEST_CASE("timer: every answer lies inside its bracket", "[device][timer]") {
   auto host = Region::open(shm.path());
   REQUIRE(host.is_ok());
   TimerReader reader(*host);
-  reader.open_window();
+  reader.open_window(7);
   uint64_t outside = 0;
   std::vector<perfq_clock_sample> samples;
   for (int i = 0; i < 500; ++i) {
@@ -200,8 +201,28 @@ TEST_CASE("timer: every answer lies inside its bracket", "[device][timer]") {
     samples.push_back(*s);
   }
   reader.close_window();
+  // The device publishes its own samples of round 7 once the window closes.
+  Result<SampleBatch> batch = Status(Errc::kTimeout, "");
+  for (int i = 0; i < 2000; ++i) {
+    batch = read_sample_batch(&host->sync()->device_samples);
+    REQUIRE(batch.is_ok());
+    if (batch->round == 7) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
   stop = true;
   srv.join();
+  REQUIRE(batch->round == 7);
+  REQUIRE(batch->samples.size() == PERFQ_SYNC_MAX_SAMPLES);
+  for (const auto& d : batch->samples) {
+    CHECK(d.before <= d.after);  // R read before and after D
+    // D lies between the device times at the R bracket's true times.
+    const auto t_of = [&](uint64_t r) {
+      return static_cast<uint64_t>(static_cast<long double>(r - c.timer_offset) * 1e9L /
+                                   c.timer_hz / (1 + c.drift_ppm / 1e6L));
+    };
+    CHECK(d.value + 2 >= clock.device_time_at(t_of(d.before)));
+    CHECK(d.value <= clock.device_time_at(t_of(d.after)) + 2);
+  }
   for (const auto& s : samples) {
     // R at the bracket's ends, from the clock's own definition (monotonic).
     if (s.value < clock.timer_at(s.before) || s.value > clock.timer_at(s.after)) ++outside;
@@ -215,7 +236,7 @@ TEST_CASE("timer: a read with no device answering times out clearly", "[device][
   TempShm shm("timer-dead");
   Region region = make_region(shm, 64);
   TimerReader reader(region);
-  reader.open_window();
+  reader.open_window(1);
   const uint64_t t0 = monotonic_ns();
   auto s = reader.read(std::chrono::milliseconds(30));
   const uint64_t waited = monotonic_ns() - t0;

@@ -154,7 +154,7 @@ TEST_CASE("devsim: timer reads answer inside the bracket, and time out on a stop
   REQUIRE(t.is_ok());
   // The default timer is R = CLOCK_MONOTONIC ns: H1 <= R <= H2.
   for (int round = 0; round < 5; ++round) {
-    auto s = (*t)->clock_samples(PERFQ_SYNC_MAX_SAMPLES);
+    auto s = (*t)->clock_samples(round + 1, PERFQ_SYNC_MAX_SAMPLES);
     INFO(s.status().message());
     REQUIRE(s.is_ok());
     for (const auto& x : *s) {
@@ -171,7 +171,7 @@ TEST_CASE("devsim: timer reads answer inside the bracket, and time out on a stop
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
   }
   const uint64_t t0 = monotonic_ns();
-  auto s = (*t)->clock_samples(4, std::chrono::milliseconds(50));
+  auto s = (*t)->clock_samples(100, 4, std::chrono::milliseconds(50));
   const uint64_t waited = monotonic_ns() - t0;
   dev.signal(SIGCONT);
   REQUIRE_FALSE(s.is_ok());
@@ -179,7 +179,7 @@ TEST_CASE("devsim: timer reads answer inside the bracket, and time out on a stop
   CHECK(s.status().message().find(shm.path()) != std::string::npos);
   CHECK(waited < 2'000'000'000ull);  // a clear error, not a hang
   // The device answers again once it runs.
-  auto again = (*t)->clock_samples(8);
+  auto again = (*t)->clock_samples(101, 8);
   REQUIRE(again.is_ok());
   dev.signal(SIGTERM);
   auto js = finish(dev);

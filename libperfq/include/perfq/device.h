@@ -25,6 +25,7 @@
 #include "perfq/perfq_abi.h"
 #include "perfq/region.h"
 #include "perfq/spsc_ring.h"
+#include "perfq/sync.h"
 
 namespace perfq {
 
@@ -75,6 +76,12 @@ struct StreamDelivery {
 
 struct CollectorOptions {
   size_t batch = 256;                                   // records per copy
+  // Sync mode B: when the host asks for it (SYNC page mode), pair the host
+  // samples in the mailbox with the device's own samples of the same round,
+  // track the clock model here, and convert record times to host time
+  // (PERFQ_CLOCK_HOST_BY_DEVICE) as they are copied into the shared ring.
+  bool mode_b = true;
+  std::chrono::milliseconds mailbox_poll{10};
   std::chrono::microseconds max_sleep{1000};           // idle back-off ceiling
   std::chrono::milliseconds shutdown_timeout{5000};     // to deliver what is queued
 };
@@ -98,9 +105,13 @@ class DeviceCollector {
 
   const std::vector<StreamDelivery>& delivery() const { return delivery_; }
   const RingFault& fault() const { return producer_.fault(); }
+  // Mode B: whether records are being converted, and the device's model.
+  bool converting() const { return converting_; }
+  const DeviceClockSync& mode_b_sync() const { return mode_b_; }
 
  private:
   bool drained() const;
+  void poll_mailbox();
 
   const Region& region_;
   std::vector<DeviceStream*> streams_;
@@ -109,6 +120,10 @@ class DeviceCollector {
   SpscProducer<perfq_record> producer_;
   std::vector<StreamDelivery> delivery_;
   uint64_t heartbeat_ = 0;
+  DeviceClockSync mode_b_;
+  bool converting_ = false;
+  uint32_t mailbox_round_ = 0;
+  uint64_t next_mailbox_poll_ = 0;
 };
 
 // An event a source can record, as published in its dictionary.

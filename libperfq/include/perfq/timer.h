@@ -18,7 +18,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
-#include <functional>
+#include <vector>
 
 #include "perfq/device_clock.h"
 #include "perfq/region.h"
@@ -27,16 +27,18 @@
 namespace perfq {
 
 // Device side.  run() belongs to one thread.
+//
+// The window word carries the sync round (nonzero).  After answering each
+// request the server also takes one device sample (R before, D, R after),
+// so device and host samples interleave in time; when the window closes it
+// publishes them as the SYNC page's device_samples batch of that round.
 class TimerServer {
  public:
   struct Options {
     std::chrono::milliseconds poll{2};         // window check period when asleep
     std::chrono::milliseconds spin_limit{20};  // spin without requests before sleeping again
   };
-  // on_window_open runs on the server thread each time a window opens
-  // (the device takes its own (D, R) samples for sync mode A there).
-  TimerServer(const Region& region, const DeviceClock& clock, Options opts,
-              std::function<void()> on_window_open = {});
+  TimerServer(const Region& region, const DeviceClock& clock, Options opts);
   TimerServer(const Region& region, const DeviceClock& clock)
       : TimerServer(region, clock, Options{}) {}
 
@@ -45,10 +47,11 @@ class TimerServer {
   uint64_t windows() const { return windows_.load(std::memory_order_relaxed); }
 
  private:
+  void publish(uint32_t round, std::vector<perfq_clock_sample>& samples);
+
   const Region& region_;
   const DeviceClock& clock_;
   Options opts_;
-  std::function<void()> on_window_open_;
   std::atomic<uint64_t> served_{0};
   std::atomic<uint64_t> windows_{0};
 };
@@ -58,8 +61,8 @@ class TimerReader {
  public:
   explicit TimerReader(const Region& region);
 
-  // Open a sync window and wake the device's server.
-  void open_window() noexcept;
+  // Open the window of sync round `round` (nonzero) and wake the server.
+  void open_window(uint32_t round) noexcept;
   void close_window() noexcept;
 
   // One bracketed read: {before = H1, value = R, after = H2}.  Times out with

@@ -34,9 +34,11 @@ class DeviceTransport {
 
   // One sync round's host samples: n reads of R, each bracketed by host
   // CLOCK_MONOTONIC: {before = H1, value = R2, after = H2}.  Opens the
-  // device's sync window for the round and closes it after.
+  // device's sync window of round `round` (nonzero) and closes it after; the
+  // device then publishes its own samples of that round in the SYNC page.
   virtual Result<std::vector<perfq_clock_sample>> clock_samples(
-      size_t n, std::chrono::microseconds timeout = std::chrono::milliseconds(50)) = 0;
+      uint32_t round, size_t n,
+      std::chrono::microseconds timeout = std::chrono::milliseconds(50)) = 0;
 };
 
 // Open "shm:PATH" (the /dev/perfqN form arrives with the driver).  The error

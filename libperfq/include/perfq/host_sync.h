@@ -1,0 +1,64 @@
+// The host's side of a sync round, as the daemon's sync thread runs it.
+//
+// One round: open the device's sync window for round r, read the timer
+// register n times with host brackets (H1, R2, H2), close the window, wait
+// for the device's own samples (R1, D, R1) of round r in the SYNC page, and
+// combine them into one observation for the ClockSync model.  Then
+//   mode A: publish the model in the time sync buffer (the device may read
+//           it; the host converts device times itself);
+//   mode B: post the host samples in the mailbox; the device computes the
+//           same model and converts its records before they cross the bus.
+// Every round's raw samples are kept so the trace can re-synchronize
+// offline.  Threading: one thread (the sync thread) drives a HostSync.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <vector>
+
+#include "perfq/perfq_abi.h"
+#include "perfq/status.h"
+#include "perfq/sync.h"
+#include "perfq/transport.h"
+
+namespace perfq {
+
+struct HostSyncOptions {
+  perfq_sync_mode mode = PERFQ_SYNC_MODE_A;
+  size_t samples = 64;  // host reads per round (<= PERFQ_SYNC_MAX_SAMPLES)
+  std::chrono::microseconds read_timeout{std::chrono::milliseconds(50)};
+  std::chrono::milliseconds device_timeout{200};  // for the device's batch
+  SyncConfig sync;
+  SelectionConfig selection;
+};
+
+struct RoundResult {
+  ClockSync::Verdict verdict = ClockSync::Verdict::kInvalid;
+  SyncObservation observation;
+  uint64_t cpu_ns = 0;  // host CPU time the round cost this thread
+};
+
+class HostSync {
+ public:
+  HostSync(DeviceTransport& device, HostSyncOptions opts = {});
+
+  // Run one round.  A device that does not answer is an error (kTimeout)
+  // and leaves the model as it was.
+  Result<RoundResult> round();
+
+  const ClockSync& sync() const { return sync_; }
+  const ClockRates& rates() const { return rates_; }
+  // Every completed round's raw samples, oldest first.
+  const std::vector<SyncRound>& rounds() const { return rounds_; }
+  uint32_t rounds_done() const { return next_round_ - 1; }
+
+ private:
+  DeviceTransport& device_;
+  HostSyncOptions opts_;
+  ClockRates rates_;
+  ClockSync sync_;
+  std::vector<SyncRound> rounds_;
+  uint32_t next_round_ = 1;
+};
+
+}  // namespace perfq

