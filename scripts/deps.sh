@@ -15,6 +15,9 @@ PACKAGES=(
   libfmt-dev
   nlohmann-json3-dev
   libcli11-dev
+  libzstd-dev
+  babeltrace2
+  protobuf-compiler
 )
 
 missing=()

@@ -1,0 +1,41 @@
+// Exports of a trace file to the viewers people already use, behind
+// `perfqctl export`.  Every export streams: it holds one chunk of the input
+// and a small per-stream state, never the whole trace.
+//
+//   perfetto     Perfetto protobuf (Trace / TracePacket / TrackDescriptor /
+//                TrackEvent), encoded by a small hand-written protobuf
+//                writer; the message subset is tests/data/perfetto_trace.proto.
+//   chrome-json  Trace Event Format (JSON object form, us timestamps).
+//   ctf          a CTF 1.8 directory: `metadata` (TSDL) + `stream_0`.
+//   csv          one row per record:
+//                time_ns,source,stream,index,event,name,kind,raw_time,arg
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+#include "perfq/status.h"
+
+namespace perfq {
+
+enum class TraceExportFormat { kPerfetto, kChromeJson, kCtf, kCsv };
+
+// "perfetto", "chrome-json", "ctf" or "csv".
+Result<TraceExportFormat> parse_export_format(std::string_view name);
+const char* export_format_name(TraceExportFormat f);
+
+struct TraceExportSummary {
+  uint64_t records = 0;  // records read from the trace and exported
+  // Non-empty when the input ended at a torn or corrupt chunk: the reader's
+  // message; everything before it was exported.
+  std::string stopped_early;
+  uint64_t stop_offset = 0;
+};
+
+// Exports the trace at `in` to `out` (a file; a directory for ctf, created
+// if missing).  Fails on an unreadable input header or any write error.
+Result<TraceExportSummary> export_trace(const std::string& in, TraceExportFormat format,
+                                   const std::string& out);
+
+}  // namespace perfq

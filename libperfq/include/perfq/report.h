@@ -1,0 +1,166 @@
+// The analysis behind `perfqctl report`: one streaming pass over a trace
+// file (two with resync) that gathers what a person tuning a device wants
+// first.  Memory grows only with the number of sources, streams, events and
+// jobs in flight, never with the number of records.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "perfq/status.h"
+#include "perfq/trace.h"
+
+namespace perfq {
+
+// Summary of a latency distribution, ns.
+struct LatencyStats {
+  uint64_t count = 0;
+  int64_t min = 0;
+  int64_t max = 0;
+  double mean = 0;
+  int64_t p50 = 0;
+  int64_t p90 = 0;
+  int64_t p99 = 0;
+};
+
+// Nearest-rank percentiles of signed ns values in bounded memory.  Exact
+// while at most kExactValues distinct values were seen; after that a
+// log-linear histogram with 9 significant bits per bucket: exact below
+// 512 ns and within 0.2% above (bucket midpoints, clamped to the exact min
+// and max).  Memory: at most ~15k buckets per sign, allocated sparsely.
+class LatencyHistogram {
+ public:
+  static constexpr size_t kExactValues = 4096;
+  void add(int64_t v);
+  uint64_t count() const { return count_; }
+  bool exact() const { return !bucketed_; }
+  int64_t quantile(double q) const;  // q in [0, 1]
+  LatencyStats summary() const;
+
+ private:
+  void add_bucketed(int64_t v, uint64_t n);
+  std::map<int64_t, uint64_t> exact_;  // value -> count, until bucketed_
+  bool bucketed_ = false;
+  std::map<uint32_t, uint64_t> pos_;  // bucket -> count, values >= 0
+  std::map<uint32_t, uint64_t> neg_;  // bucket of -v -> count, values < 0
+  uint64_t count_ = 0;
+  int64_t min_ = 0;
+  int64_t max_ = 0;
+  long double sum_ = 0;
+};
+
+// The offline clock model for --resync: given every sync sample of one
+// device in the recording, returns one model for the whole recording.
+// A hook so the real estimator (perfq/sync.h) can be plugged in later.
+using OfflineSyncFit = std::function<Result<TraceClockModel>(std::span<const TraceSyncSample>)>;
+
+// The default offline fit: pairs each sample's host midpoint (H1+H2)/2 with
+// the device time at the same instant, D + (R2 - (R1before+R1after)/2)
+// (i.e. H - D = (H1+H2)/2 - R2 - (D - R1), as in ARCHITECTURE.md), keeps the
+// samples whose host bracket is at most twice the median, and fits
+// host = a + b * device by least squares.  uncertainty_ns = half the
+// tightest bracket + the RMS residual.  Needs at least one sample (one
+// sample: offset only, rate 0).
+Result<TraceClockModel> least_squares_sync_fit(std::span<const TraceSyncSample> samples);
+
+// host_ns = host_ref_ns + (device_time - device_ref) * (1 + rate_ppb / 1e9)
+int64_t apply_sync_model(const perfq_sync_model& m, uint64_t device_time);
+
+struct TraceReportOptions {
+  // Recompute the host time of every device-clock record with one model per
+  // device fitted over all its sync samples (needs a second pass).
+  bool resync = false;
+  OfflineSyncFit fit = least_squares_sync_fit;
+};
+
+struct ReportStream {
+  uint16_t source = 0;
+  uint16_t stream = 0;
+  uint64_t records = 0;
+  // Losses.  reported: LOST-record args plus loss chunks; gaps: records
+  // missing from the index sequence.  lost = max(reported, gaps), as both
+  // may describe the same drops.
+  uint64_t reported_lost = 0;
+  uint64_t gap_lost = 0;
+  uint64_t lost = 0;
+  uint64_t loss_events = 0;      // LOST records, loss reports and gaps seen
+  int64_t first_loss_ns = 0;     // host time of the first and last loss
+  int64_t last_loss_ns = 0;
+  uint64_t first_loss_index = 0; // index at (or just after) the first loss
+};
+
+struct ReportSync {
+  uint16_t source = 0;
+  std::string name;
+  int64_t offset_ns = 0;        // H - D at the model's reference point
+  double drift_ppm = 0;         // rate_ppb / 1000
+  uint64_t uncertainty_ns = 0;
+  uint64_t samples = 0;         // sync samples stored for the device
+  uint64_t models = 0;          // clock models stored for the device
+  uint64_t segments = 0;        // distinct segments among them
+  bool resynced = false;        // figures are from the offline fit
+};
+
+struct ReportEvent {
+  uint16_t source = 0;
+  uint32_t event = 0;
+  std::string name;
+  uint16_t kind = 0;
+  uint64_t count = 0;
+  double rate_per_s = 0;
+};
+
+// Durations of begin/end pairs: an END closes the innermost open BEGIN of
+// its (source, stream); named after the BEGIN's event.
+struct ReportPair {
+  uint16_t source = 0;
+  std::string name;
+  LatencyStats duration;
+};
+
+struct ReportJobs {
+  uint64_t count = 0;       // jobs with all four of submit/start/end/complete
+  uint64_t incomplete = 0;  // correlation ids seen without all four
+  LatencyStats submit_to_start;
+  LatencyStats start_to_end;
+  LatencyStats end_to_complete;
+};
+
+struct TraceReport {
+  std::string path;
+  TraceMetadata metadata;
+  uint64_t chunks = 0;
+  bool clean_end = false;
+  // Non-empty when the trace ended at a torn or corrupt chunk: the reader's
+  // message (with the byte offset); the report covers everything before it.
+  std::string stopped_early;
+  uint64_t stop_offset = 0;
+
+  int64_t first_ns = 0;
+  int64_t last_ns = 0;
+  int64_t duration_ns = 0;
+  uint64_t records_host = 0;
+  uint64_t records_device = 0;
+  uint64_t lost_host = 0;
+  uint64_t lost_device = 0;
+  uint64_t unmatched_ends = 0;  // END with no open BEGIN on its stream
+  std::vector<ReportStream> streams;
+  std::vector<ReportSync> sync;
+  std::vector<ReportEvent> events;
+  std::vector<ReportPair> pairs;
+  ReportJobs jobs;
+  uint64_t causality_violations = 0;  // complete jobs not submit <= start <= end <= complete
+};
+
+// Analyses the trace at `path`.  Fails only when the file cannot be opened
+// or read at all; a torn tail is reported in TraceReport::stopped_early.
+Result<TraceReport> analyze_trace(const std::string& path, const TraceReportOptions& options = {});
+
+std::string report_to_json(const TraceReport& r);  // the `--json` document, pretty-printed
+std::string report_to_text(const TraceReport& r);  // for people
+
+}  // namespace perfq

@@ -1,0 +1,679 @@
+// analyze_trace(): the streaming analysis behind `perfqctl report`.
+#include "perfq/report.h"
+
+#include <algorithm>
+#include <cmath>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <unordered_map>
+
+#include <fmt/format.h>
+
+namespace perfq {
+
+// ---------------------------------------------------------------------------
+// LatencyHistogram
+
+namespace {
+
+constexpr int kSubBits = 8;  // 9 significant bits: 2^8 sub-buckets per octave
+constexpr uint64_t kSub = uint64_t{1} << kSubBits;
+
+uint32_t bucket_of(uint64_t v) {
+  if (v < kSub) return static_cast<uint32_t>(v);
+  int e = 63 - __builtin_clzll(v);  // >= kSubBits
+  int shift = e - kSubBits;
+  uint64_t m = v >> shift;  // in [kSub, 2 kSub)
+  return static_cast<uint32_t>((static_cast<uint64_t>(shift) + 1) * kSub + (m - kSub));
+}
+
+// Midpoint of the bucket (exact for the unit-wide ones).
+uint64_t value_of(uint32_t b) {
+  if (b < kSub) return b;
+  uint64_t shift = b / kSub - 1;
+  uint64_t m = b % kSub + kSub;
+  uint64_t lo = m << shift;
+  return lo + ((uint64_t{1} << shift) >> 1);
+}
+
+}  // namespace
+
+void LatencyHistogram::add(int64_t v) {
+  if (count_ == 0) {
+    min_ = max_ = v;
+  } else {
+    min_ = std::min(min_, v);
+    max_ = std::max(max_, v);
+  }
+  ++count_;
+  sum_ += v;
+  if (!bucketed_) {
+    ++exact_[v];
+    if (exact_.size() <= kExactValues) return;
+    for (const auto& [value, n] : exact_) add_bucketed(value, n);
+    exact_.clear();
+    bucketed_ = true;
+    return;
+  }
+  add_bucketed(v, 1);
+}
+
+void LatencyHistogram::add_bucketed(int64_t v, uint64_t n) {
+  if (v >= 0) {
+    pos_[bucket_of(static_cast<uint64_t>(v))] += n;
+  } else {
+    neg_[bucket_of(static_cast<uint64_t>(-(v + 1)) + 1)] += n;
+  }
+}
+
+int64_t LatencyHistogram::quantile(double q) const {
+  if (count_ == 0) return 0;
+  q = std::clamp(q, 0.0, 1.0);
+  auto rank = static_cast<uint64_t>(std::ceil(q * static_cast<double>(count_)));
+  rank = std::clamp<uint64_t>(rank, 1, count_);
+  uint64_t seen = 0;
+  int64_t v = max_;
+  bool found = false;
+  for (auto it = exact_.begin(); it != exact_.end() && !found; ++it) {
+    seen += it->second;
+    if (seen >= rank) {
+      v = it->first;
+      found = true;
+    }
+  }
+  for (auto it = neg_.rbegin(); it != neg_.rend() && !found; ++it) {
+    seen += it->second;
+    if (seen >= rank) {
+      v = -static_cast<int64_t>(value_of(it->first));
+      found = true;
+    }
+  }
+  for (auto it = pos_.begin(); it != pos_.end() && !found; ++it) {
+    seen += it->second;
+    if (seen >= rank) {
+      v = static_cast<int64_t>(value_of(it->first));
+      found = true;
+    }
+  }
+  return std::clamp(v, min_, max_);
+}
+
+LatencyStats LatencyHistogram::summary() const {
+  LatencyStats d;
+  d.count = count_;
+  if (count_ == 0) return d;
+  d.min = min_;
+  d.max = max_;
+  d.mean = static_cast<double>(sum_ / static_cast<long double>(count_));
+  d.p50 = quantile(0.50);
+  d.p90 = quantile(0.90);
+  d.p99 = quantile(0.99);
+  return d;
+}
+
+// ---------------------------------------------------------------------------
+// Offline sync
+
+__extension__ typedef __int128 i128;
+
+int64_t apply_sync_model(const perfq_sync_model& m, uint64_t device_time) {
+  i128 delta = static_cast<i128>(device_time) - static_cast<i128>(m.device_ref);
+  i128 adj = delta * m.rate_ppb / 1'000'000'000;
+  return static_cast<int64_t>(m.host_ref_ns + delta + adj);
+}
+
+Result<TraceClockModel> least_squares_sync_fit(std::span<const TraceSyncSample> samples) {
+  if (samples.empty()) return Status(Errc::kInvalidArgument, "offline sync fit: no sync samples");
+  std::vector<uint64_t> widths;
+  widths.reserve(samples.size());
+  for (const auto& s : samples) widths.push_back(s.host.after - s.host.before);
+  std::vector<uint64_t> sorted = widths;
+  std::nth_element(sorted.begin(), sorted.begin() + static_cast<ptrdiff_t>(sorted.size() / 2), sorted.end());
+  const uint64_t limit = 2 * sorted[sorted.size() / 2];
+  const uint64_t tightest = *std::min_element(widths.begin(), widths.end());
+
+  // Points (x = device time at the host's R2 instant, y = host midpoint),
+  // centred on the first kept point to keep doubles exact enough.
+  struct Pt {
+    int64_t x;
+    int64_t y;
+  };
+  std::vector<Pt> pts;
+  uint64_t x0 = 0;
+  int64_t y0 = 0;
+  for (size_t i = 0; i < samples.size(); ++i) {
+    if (widths[i] > limit) continue;
+    const auto& s = samples[i];
+    uint64_t r1 = s.device.before + (s.device.after - s.device.before) / 2;
+    uint64_t x = s.device.value + (s.host.value - r1);
+    auto y = static_cast<int64_t>(s.host.before + (s.host.after - s.host.before) / 2);
+    if (pts.empty()) {
+      x0 = x;
+      y0 = y;
+    }
+    pts.push_back({static_cast<int64_t>(x - x0), y - y0});
+  }
+  double n = static_cast<double>(pts.size());
+  double mx = 0, my = 0;
+  for (const auto& p : pts) {
+    mx += static_cast<double>(p.x);
+    my += static_cast<double>(p.y);
+  }
+  mx /= n;
+  my /= n;
+  double sxx = 0, sxy = 0;
+  for (const auto& p : pts) {
+    double dx = static_cast<double>(p.x) - mx;
+    sxx += dx * dx;
+    sxy += dx * (static_cast<double>(p.y) - my);
+  }
+  double b = sxx > 0 ? sxy / sxx : 1.0;
+  double a = my - b * mx;  // y = a + b x (centred)
+  double ss = 0;
+  for (const auto& p : pts) {
+    double r = static_cast<double>(p.y) - (a + b * static_cast<double>(p.x));
+    ss += r * r;
+  }
+  TraceClockModel c;
+  c.source = samples.front().source;
+  c.model.device_ref = x0;
+  c.model.host_ref_ns = y0 + static_cast<int64_t>(std::llround(a));
+  c.model.rate_ppb = static_cast<int64_t>(std::llround((b - 1.0) * 1e9));
+  c.model.uncertainty_ns = tightest / 2 + static_cast<uint64_t>(std::llround(std::sqrt(ss / n)));
+  c.model.valid_from_device = 0;
+  c.model.flags = PERFQ_SYNC_MODEL_VALID;
+  return c;
+}
+
+// ---------------------------------------------------------------------------
+// The analysis visitor
+
+namespace {
+
+enum JobRole : uint8_t { kNoRole = 0xff, kSubmit = 0, kStart = 1, kEnd = 2, kComplete = 3 };
+
+uint32_t stream_key(uint16_t source, uint16_t stream) {
+  return (uint32_t{source} << 16) | stream;
+}
+uint64_t event_key(uint16_t source, uint32_t event) {
+  return (uint64_t{source} << 32) | event;
+}
+
+struct StreamState {
+  ReportStream stat;
+  bool seen = false;
+  uint64_t last_index = 0;
+  std::vector<std::pair<uint32_t, int64_t>> open;  // BEGIN event, time
+};
+
+struct Job {
+  int64_t t[4] = {};
+  uint8_t mask = 0;
+};
+
+class Analyzer : public TraceVisitor {
+ public:
+  Analyzer(TraceReport& r, const std::map<uint16_t, TraceClockModel>* resync) : r_(r), resync_(resync) {}
+
+  Status on_metadata(const TraceMetadata& m) override {
+    r_.metadata = m;
+    evinfo_.clear();  // a later chunk may redefine a source's dictionary
+    return Status::ok();
+  }
+
+  Status on_records(std::span<const TraceRecord> recs) override {
+    for (const TraceRecord& in : recs) {
+      int64_t t = in.time_ns;
+      if (resync_ && in.domain() == PERFQ_CLOCK_DEVICE) {
+        auto it = resync_->find(in.source);
+        if (it != resync_->end()) t = apply_sync_model(it->second.model, in.rec.time);
+      }
+      record(in, t);
+    }
+    return Status::ok();
+  }
+
+  Status on_sync_samples(std::span<const TraceSyncSample> s) override {
+    for (const auto& x : s) ++sync_[x.source].samples;
+    return Status::ok();
+  }
+
+  Status on_clock_models(std::span<const TraceClockModel> ms) override {
+    for (const auto& m : ms) {
+      auto& d = sync_[m.source];
+      ++d.models;
+      d.offset_ns = m.model.host_ref_ns - static_cast<int64_t>(m.model.device_ref);
+      d.drift_ppm = static_cast<double>(m.model.rate_ppb) / 1000.0;
+      d.uncertainty_ns = m.model.uncertainty_ns;
+      segments_[m.source].insert(m.model.segment);
+    }
+    return Status::ok();
+  }
+
+  Status on_losses(std::span<const TraceLoss> ls) override {
+    for (const auto& l : ls) {
+      StreamState& st = stream(l.source, l.stream);
+      st.stat.reported_lost += l.count;
+      note_loss(st, l.time_ns, l.last_index + 1);
+    }
+    return Status::ok();
+  }
+
+  void finish(const TraceReportOptions& opt) {
+    if (have_time_) {
+      r_.first_ns = first_;
+      r_.last_ns = last_;
+      r_.duration_ns = last_ - first_;
+    }
+    const double secs = static_cast<double>(r_.duration_ns) / 1e9;
+    for (auto& [key, st] : streams_) {
+      st.stat.lost = std::max(st.stat.reported_lost, st.stat.gap_lost);
+      if (is_device(st.stat.source)) {
+        r_.lost_device += st.stat.lost;
+      } else {
+        r_.lost_host += st.stat.lost;
+      }
+      r_.streams.push_back(st.stat);
+    }
+    for (auto& [key, e] : events_) {
+      e.rate_per_s = secs > 0 ? static_cast<double>(e.count) / secs : 0;
+      r_.events.push_back(e);
+    }
+    for (auto& [key, h] : pairs_) {
+      r_.pairs.push_back({key.first, key.second, h.summary()});
+    }
+    for (const auto& s : r_.metadata.sources) {
+      if (s.kind == TraceSourceKind::kDevice) sync_[s.id];  // every device gets a line
+    }
+    for (auto& [src, d] : sync_) {
+      d.source = src;
+      const TraceSource* si = r_.metadata.find_source(src);
+      d.name = si ? si->name : fmt::format("source {}", src);
+      d.segments = segments_[src].size();
+      if (opt.resync && resync_) {
+        auto it = resync_->find(src);
+        if (it != resync_->end()) {
+          const auto& m = it->second.model;
+          d.offset_ns = m.host_ref_ns - static_cast<int64_t>(m.device_ref);
+          d.drift_ppm = static_cast<double>(m.rate_ppb) / 1000.0;
+          d.uncertainty_ns = m.uncertainty_ns;
+          d.resynced = true;
+        }
+      }
+      r_.sync.push_back(d);
+    }
+    r_.jobs.count = job_count_;
+    r_.jobs.incomplete = jobs_.size();
+    r_.jobs.submit_to_start = lat_[0].summary();
+    r_.jobs.start_to_end = lat_[1].summary();
+    r_.jobs.end_to_complete = lat_[2].summary();
+  }
+
+ private:
+  bool is_device(uint16_t source) const {
+    const TraceSource* s = r_.metadata.find_source(source);
+    return s && s->kind == TraceSourceKind::kDevice;
+  }
+
+  StreamState& stream(uint16_t source, uint16_t stream) {
+    StreamState& st = streams_[stream_key(source, stream)];
+    st.stat.source = source;
+    st.stat.stream = stream;
+    return st;
+  }
+
+  static void note_loss(StreamState& st, int64_t t, uint64_t index) {
+    if (st.stat.loss_events == 0) {
+      st.stat.first_loss_ns = t;
+      st.stat.first_loss_index = index;
+    }
+    ++st.stat.loss_events;
+    st.stat.last_loss_ns = t;
+  }
+
+  // Event info, cached per (source, event).
+  struct EvInfo {
+    std::string name;
+    JobRole role = kNoRole;
+  };
+  const EvInfo& info(uint16_t source, uint32_t event) {
+    auto [it, fresh] = evinfo_.try_emplace(event_key(source, event));
+    if (fresh) {
+      const TraceSource* s = r_.metadata.find_source(source);
+      const TraceEventInfo* e = s ? s->find_event(event) : nullptr;
+      it->second.name = e ? e->name : fmt::format("event_{}", event);
+      const std::string& n = it->second.name;
+      if (n == "job_submit") it->second.role = kSubmit;
+      if (n == "job_start") it->second.role = kStart;
+      if (n == "job_end") it->second.role = kEnd;
+      if (n == "job_complete") it->second.role = kComplete;
+    }
+    return it->second;
+  }
+
+  void record(const TraceRecord& in, int64_t t) {
+    const perfq_record& rec = in.rec;
+    if (!have_time_) {
+      first_ = last_ = t;
+      have_time_ = true;
+    }
+    first_ = std::min(first_, t);
+    last_ = std::max(last_, t);
+    if (is_device(in.source)) {
+      ++r_.records_device;
+    } else {
+      ++r_.records_host;
+    }
+    StreamState& st = stream(in.source, rec.stream);
+    ++st.stat.records;
+    if (st.seen && rec.index > st.last_index + 1) {
+      st.stat.gap_lost += rec.index - st.last_index - 1;
+      note_loss(st, t, rec.index);
+    }
+    if (!st.seen || rec.index > st.last_index) st.last_index = rec.index;
+    st.seen = true;
+
+    const EvInfo& ev = info(in.source, rec.event);
+    const JobRole role = ev.role;  // `ev` may move when info() inserts below
+    auto [eit, fresh] = events_.try_emplace(event_key(in.source, rec.event));
+    if (fresh) {
+      eit->second.source = in.source;
+      eit->second.event = rec.event;
+      eit->second.name = ev.name;
+      eit->second.kind = in.kind();
+    }
+    ++eit->second.count;
+
+    switch (in.kind()) {
+      case PERFQ_KIND_LOST:
+        st.stat.reported_lost += rec.arg;
+        note_loss(st, t, rec.index);
+        break;
+      case PERFQ_KIND_BEGIN:
+        if (st.open.size() < 1024) st.open.emplace_back(rec.event, t);
+        break;
+      case PERFQ_KIND_END:
+        if (st.open.empty()) {
+          ++r_.unmatched_ends;
+        } else {
+          auto [bev, bt] = st.open.back();
+          st.open.pop_back();
+          pairs_[{in.source, info(in.source, bev).name}].add(t - bt);
+        }
+        break;
+      default:
+        break;
+    }
+    if (role != kNoRole) job(role, rec.arg, t);
+  }
+
+  void job(JobRole role, uint64_t id, int64_t t) {
+    Job& j = jobs_[id];
+    j.t[role] = t;
+    j.mask |= static_cast<uint8_t>(1u << role);
+    if (j.mask != 0xf) return;
+    ++job_count_;
+    lat_[0].add(j.t[1] - j.t[0]);
+    lat_[1].add(j.t[2] - j.t[1]);
+    lat_[2].add(j.t[3] - j.t[2]);
+    if (!(j.t[0] <= j.t[1] && j.t[1] <= j.t[2] && j.t[2] <= j.t[3])) ++r_.causality_violations;
+    jobs_.erase(id);
+  }
+
+  TraceReport& r_;
+  const std::map<uint16_t, TraceClockModel>* resync_;
+  bool have_time_ = false;
+  int64_t first_ = 0;
+  int64_t last_ = 0;
+  std::map<uint32_t, StreamState> streams_;
+  std::unordered_map<uint64_t, EvInfo> evinfo_;
+  std::map<uint64_t, ReportEvent> events_;
+  std::map<std::pair<uint16_t, std::string>, LatencyHistogram> pairs_;
+  std::map<uint16_t, ReportSync> sync_;
+  std::map<uint16_t, std::set<uint32_t>> segments_;
+  std::unordered_map<uint64_t, Job> jobs_;
+  uint64_t job_count_ = 0;
+  LatencyHistogram lat_[3];
+};
+
+// First pass of --resync: every sync sample, grouped by device.
+class SampleCollector : public TraceVisitor {
+ public:
+  Status on_sync_samples(std::span<const TraceSyncSample> s) override {
+    for (const auto& x : s) samples[x.source].push_back(x);
+    return Status::ok();
+  }
+  std::map<uint16_t, std::vector<TraceSyncSample>> samples;
+};
+
+}  // namespace
+
+Result<TraceReport> analyze_trace(const std::string& path, const TraceReportOptions& options) {
+  auto reader = TraceReader::open(path);
+  if (!reader.is_ok()) return reader.status();
+  TraceReport r;
+  r.path = path;
+  std::map<uint16_t, TraceClockModel> models;
+  if (options.resync) {
+    SampleCollector c;
+    Status s = reader->read(c);
+    if (!s.is_ok() && s.code() != Errc::kCorrupt) return s;
+    for (auto& [src, samples] : c.samples) {
+      auto m = options.fit ? options.fit(samples) : least_squares_sync_fit(samples);
+      if (!m.is_ok()) {
+        return Status(m.status().code(),
+                      fmt::format("{}: resync of source {}: {}", path, src, m.status().message()));
+      }
+      m->source = src;
+      models[src] = m.value();
+    }
+  }
+  Analyzer a(r, options.resync ? &models : nullptr);
+  Status s = reader->read(a);
+  if (!s.is_ok()) {
+    if (s.code() != Errc::kCorrupt) return s;
+    r.stopped_early = s.message();
+    r.stop_offset = reader->error_offset();
+  }
+  r.chunks = reader->summary().chunks;
+  r.clean_end = reader->summary().clean_end;
+  a.finish(options);
+  return r;
+}
+
+// ---------------------------------------------------------------------------
+// Output
+
+namespace {
+
+using nlohmann::ordered_json;
+
+ordered_json dist_json(const LatencyStats& d) {
+  return ordered_json{{"count", d.count}, {"min", d.min},  {"p50", d.p50}, {"p90", d.p90},
+                      {"p99", d.p99},     {"max", d.max},  {"mean", d.mean}};
+}
+
+std::string source_name(const TraceReport& r, uint16_t id) {
+  const TraceSource* s = r.metadata.find_source(id);
+  return s ? s->name : fmt::format("source {}", id);
+}
+
+const char* source_kind(const TraceReport& r, uint16_t id) {
+  const TraceSource* s = r.metadata.find_source(id);
+  return s && s->kind == TraceSourceKind::kDevice ? "device" : "host";
+}
+
+}  // namespace
+
+std::string report_to_json(const TraceReport& r) {
+  ordered_json j;
+  j["file"] = r.path;
+  j["complete"] = r.stopped_early.empty();
+  j["clean_end"] = r.clean_end;
+  if (!r.stopped_early.empty()) {
+    j["stopped_early"] = {{"offset", r.stop_offset}, {"reason", r.stopped_early}};
+  }
+  j["host"] = {{"name", r.metadata.host_name},
+               {"kernel", r.metadata.kernel},
+               {"cpu", r.metadata.cpu},
+               {"perfq_version", r.metadata.perfq_version}};
+  ordered_json sources = ordered_json::array();
+  for (const auto& s : r.metadata.sources) {
+    sources.push_back({{"id", s.id},
+                       {"kind", s.kind == TraceSourceKind::kDevice ? "device" : "host"},
+                       {"name", s.name},
+                       {"pci_address", s.pci_address},
+                       {"link", s.link}});
+  }
+  j["sources"] = sources;
+  j["first_ns"] = r.first_ns;
+  j["last_ns"] = r.last_ns;
+  j["duration_ns"] = r.duration_ns;
+
+  ordered_json streams = ordered_json::array();
+  ordered_json loss_streams = ordered_json::array();
+  for (const auto& s : r.streams) {
+    streams.push_back({{"source", s.source},
+                       {"source_name", source_name(r, s.source)},
+                       {"kind", source_kind(r, s.source)},
+                       {"stream", s.stream},
+                       {"records", s.records}});
+    if (s.lost || s.loss_events) {
+      loss_streams.push_back({{"source", s.source},
+                              {"source_name", source_name(r, s.source)},
+                              {"kind", source_kind(r, s.source)},
+                              {"stream", s.stream},
+                              {"lost", s.lost},
+                              {"reported", s.reported_lost},
+                              {"index_gaps", s.gap_lost},
+                              {"loss_events", s.loss_events},
+                              {"first_loss_ns", s.first_loss_ns},
+                              {"last_loss_ns", s.last_loss_ns},
+                              {"first_loss_index", s.first_loss_index}});
+    }
+  }
+  j["records"] = {{"host", r.records_host},
+                  {"device", r.records_device},
+                  {"total", r.records_host + r.records_device},
+                  {"streams", streams}};
+  j["lost"] = {{"host", r.lost_host}, {"device", r.lost_device}, {"streams", loss_streams}};
+
+  ordered_json devices = ordered_json::array();
+  for (const auto& d : r.sync) {
+    devices.push_back({{"source", d.source},
+                       {"name", d.name},
+                       {"offset_ns", d.offset_ns},
+                       {"drift_ppm", d.drift_ppm},
+                       {"uncertainty_ns", d.uncertainty_ns},
+                       {"samples", d.samples},
+                       {"models", d.models},
+                       {"segments", d.segments},
+                       {"resynced", d.resynced}});
+  }
+  // Top level: the first device (the usual single-device case).
+  ReportSync first = r.sync.empty() ? ReportSync{} : r.sync.front();
+  j["sync"] = {{"offset_ns", first.offset_ns},     {"drift_ppm", first.drift_ppm},
+               {"uncertainty_ns", first.uncertainty_ns}, {"samples", first.samples},
+               {"models", first.models},           {"segments", first.segments},
+               {"resynced", first.resynced},       {"devices", devices}};
+
+  ordered_json events = ordered_json::array();
+  for (const auto& e : r.events) {
+    events.push_back({{"source", e.source},
+                      {"source_name", source_name(r, e.source)},
+                      {"event", e.event},
+                      {"name", e.name},
+                      {"kind", record_kind_name(e.kind)},
+                      {"count", e.count},
+                      {"rate_per_s", e.rate_per_s}});
+  }
+  j["events"] = events;
+  ordered_json pairs = ordered_json::array();
+  for (const auto& p : r.pairs) {
+    ordered_json d = dist_json(p.duration);
+    pairs.push_back({{"source", p.source},
+                     {"source_name", source_name(r, p.source)},
+                     {"name", p.name},
+                     {"duration_ns", d}});
+  }
+  j["durations"] = pairs;
+  j["unmatched_ends"] = r.unmatched_ends;
+  j["jobs"] = {{"count", r.jobs.count},
+               {"incomplete", r.jobs.incomplete},
+               {"submit_to_start_ns", dist_json(r.jobs.submit_to_start)},
+               {"start_to_end_ns", dist_json(r.jobs.start_to_end)},
+               {"end_to_complete_ns", dist_json(r.jobs.end_to_complete)}};
+  j["causality_violations"] = r.causality_violations;
+  return j.dump(2, ' ', false, ordered_json::error_handler_t::replace) + "\n";
+}
+
+namespace {
+
+std::string ns_text(int64_t ns) {
+  double a = std::fabs(static_cast<double>(ns));
+  if (a >= 1e9) return fmt::format("{:.3f} s", static_cast<double>(ns) / 1e9);
+  if (a >= 1e6) return fmt::format("{:.3f} ms", static_cast<double>(ns) / 1e6);
+  if (a >= 1e3) return fmt::format("{:.3f} us", static_cast<double>(ns) / 1e3);
+  return fmt::format("{} ns", ns);
+}
+
+std::string dist_text(const LatencyStats& d) {
+  if (d.count == 0) return "none";
+  return fmt::format("n={} min {} p50 {} p90 {} p99 {} max {}", d.count, ns_text(d.min),
+                     ns_text(d.p50), ns_text(d.p90), ns_text(d.p99), ns_text(d.max));
+}
+
+}  // namespace
+
+std::string report_to_text(const TraceReport& r) {
+  std::string o;
+  auto line = [&o](const std::string& s) { o += s + "\n"; };
+  line(fmt::format("trace {}  (host {}, {}, perfq {})", r.path, r.metadata.host_name,
+                   r.metadata.kernel, r.metadata.perfq_version));
+  if (!r.stopped_early.empty()) {
+    line(fmt::format("WARNING: trace ends early: {}; the figures cover the {} chunks before it",
+                     r.stopped_early, r.chunks));
+  } else if (!r.clean_end) {
+    line("note: no end chunk (the writer did not close the file); all chunks are complete");
+  }
+  line(fmt::format("duration      {}", ns_text(r.duration_ns)));
+  line(fmt::format("records       host {}  device {}", r.records_host, r.records_device));
+  for (const auto& s : r.streams) {
+    line(fmt::format("  {:<24} {:<6} stream {:<5} {:>12} records", source_name(r, s.source),
+                     source_kind(r, s.source), s.stream, s.records));
+  }
+  line(fmt::format("lost          host {}  device {}", r.lost_host, r.lost_device));
+  for (const auto& s : r.streams) {
+    if (!s.lost && !s.loss_events) continue;
+    line(fmt::format("  {:<24} stream {:<5} lost {} (reported {}, index gaps {}) in {} events, "
+                     "first at {} (index {}), last at {}",
+                     source_name(r, s.source), s.stream, s.lost, s.reported_lost, s.gap_lost,
+                     s.loss_events, s.first_loss_ns, s.first_loss_index, s.last_loss_ns));
+  }
+  line("sync");
+  if (r.sync.empty()) line("  no devices");
+  for (const auto& d : r.sync) {
+    line(fmt::format("  {:<24} offset {} ns  drift {:.3f} ppm  uncertainty {} ns  samples {}  "
+                     "models {}  segments {}{}",
+                     d.name, d.offset_ns, d.drift_ppm, d.uncertainty_ns, d.samples, d.models,
+                     d.segments, d.resynced ? "  (offline resync)" : ""));
+  }
+  line("events");
+  for (const auto& e : r.events) {
+    line(fmt::format("  {:<24} {:<24} {:<8} {:>12}  {:>12.1f}/s", source_name(r, e.source), e.name,
+                     record_kind_name(e.kind), e.count, e.rate_per_s));
+  }
+  line("durations (begin/end)");
+  for (const auto& p : r.pairs) {
+    line(fmt::format("  {:<24} {:<24} {}", source_name(r, p.source), p.name, dist_text(p.duration)));
+  }
+  if (r.unmatched_ends) line(fmt::format("  {} end records had no open begin", r.unmatched_ends));
+  line(fmt::format("jobs          {} complete, {} incomplete", r.jobs.count, r.jobs.incomplete));
+  line(fmt::format("  submit->start   {}", dist_text(r.jobs.submit_to_start)));
+  line(fmt::format("  start->end      {}", dist_text(r.jobs.start_to_end)));
+  line(fmt::format("  end->complete   {}", dist_text(r.jobs.end_to_complete)));
+  line(fmt::format("causality violations  {}", r.causality_violations));
+  return o;
+}
+
+}  // namespace perfq

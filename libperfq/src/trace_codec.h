@@ -1,0 +1,118 @@
+// Internal: byte layouts of the trace file (see docs/trace-format.md).
+// Little-endian hosts only, like the ABI.
+#pragma once
+
+#include <cstdint>
+#include <cstring>
+
+#include "perfq/trace.h"
+
+namespace perfq::trace_codec {
+
+inline constexpr size_t kRecordSize = 48;
+inline constexpr size_t kSyncSampleSize = 56;
+inline constexpr size_t kClockModelSize = 64;
+inline constexpr size_t kLossSize = 32;
+inline constexpr size_t kEndSize = 16;
+
+template <class T>
+inline void put(uint8_t* p, T v) {
+  std::memcpy(p, &v, sizeof v);
+}
+template <class T>
+inline T get(const uint8_t* p) {
+  T v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
+}
+
+inline void encode(uint8_t* p, const TraceRecord& r) {
+  put<uint64_t>(p + 0, r.rec.index);
+  put<uint32_t>(p + 8, r.rec.event);
+  put<uint16_t>(p + 12, r.rec.stream);
+  put<uint16_t>(p + 14, r.rec.flags);
+  put<uint64_t>(p + 16, r.rec.time);
+  put<uint64_t>(p + 24, r.rec.arg);
+  put<int64_t>(p + 32, r.time_ns);
+  put<uint16_t>(p + 40, r.source);
+  put<uint16_t>(p + 42, 0);
+  put<uint32_t>(p + 44, 0);
+}
+inline void decode(const uint8_t* p, TraceRecord& r) {
+  r.rec.index = get<uint64_t>(p + 0);
+  r.rec.event = get<uint32_t>(p + 8);
+  r.rec.stream = get<uint16_t>(p + 12);
+  r.rec.flags = get<uint16_t>(p + 14);
+  r.rec.time = get<uint64_t>(p + 16);
+  r.rec.arg = get<uint64_t>(p + 24);
+  r.time_ns = get<int64_t>(p + 32);
+  r.source = get<uint16_t>(p + 40);
+}
+
+inline void encode(uint8_t* p, const TraceSyncSample& s) {
+  put<uint16_t>(p + 0, s.source);
+  put<uint16_t>(p + 2, 0);
+  put<uint32_t>(p + 4, s.round);
+  put<uint64_t>(p + 8, s.host.before);
+  put<uint64_t>(p + 16, s.host.value);
+  put<uint64_t>(p + 24, s.host.after);
+  put<uint64_t>(p + 32, s.device.before);
+  put<uint64_t>(p + 40, s.device.value);
+  put<uint64_t>(p + 48, s.device.after);
+}
+inline void decode(const uint8_t* p, TraceSyncSample& s) {
+  s = TraceSyncSample{};
+  s.source = get<uint16_t>(p + 0);
+  s.round = get<uint32_t>(p + 4);
+  s.host.before = get<uint64_t>(p + 8);
+  s.host.value = get<uint64_t>(p + 16);
+  s.host.after = get<uint64_t>(p + 24);
+  s.device.before = get<uint64_t>(p + 32);
+  s.device.value = get<uint64_t>(p + 40);
+  s.device.after = get<uint64_t>(p + 48);
+}
+
+inline void encode(uint8_t* p, const TraceClockModel& c) {
+  put<uint16_t>(p + 0, c.source);
+  put<uint16_t>(p + 2, 0);
+  put<uint32_t>(p + 4, c.model.segment);
+  put<uint32_t>(p + 8, c.model.flags);
+  put<uint32_t>(p + 12, 0);
+  put<int64_t>(p + 16, c.installed_ns);
+  put<uint64_t>(p + 24, c.model.device_ref);
+  put<int64_t>(p + 32, c.model.host_ref_ns);
+  put<int64_t>(p + 40, c.model.rate_ppb);
+  put<uint64_t>(p + 48, c.model.uncertainty_ns);
+  put<uint64_t>(p + 56, c.model.valid_from_device);
+}
+inline void decode(const uint8_t* p, TraceClockModel& c) {
+  c = TraceClockModel{};
+  c.source = get<uint16_t>(p + 0);
+  c.model.segment = get<uint32_t>(p + 4);
+  c.model.flags = get<uint32_t>(p + 8);
+  c.installed_ns = get<int64_t>(p + 16);
+  c.model.device_ref = get<uint64_t>(p + 24);
+  c.model.host_ref_ns = get<int64_t>(p + 32);
+  c.model.rate_ppb = get<int64_t>(p + 40);
+  c.model.uncertainty_ns = get<uint64_t>(p + 48);
+  c.model.valid_from_device = get<uint64_t>(p + 56);
+}
+
+inline void encode(uint8_t* p, const TraceLoss& l) {
+  put<uint16_t>(p + 0, l.source);
+  put<uint16_t>(p + 2, l.stream);
+  put<uint32_t>(p + 4, static_cast<uint32_t>(l.reason));
+  put<uint64_t>(p + 8, l.count);
+  put<int64_t>(p + 16, l.time_ns);
+  put<uint64_t>(p + 24, l.last_index);
+}
+inline void decode(const uint8_t* p, TraceLoss& l) {
+  l.source = get<uint16_t>(p + 0);
+  l.stream = get<uint16_t>(p + 2);
+  l.reason = static_cast<TraceLossReason>(get<uint32_t>(p + 4));
+  l.count = get<uint64_t>(p + 8);
+  l.time_ns = get<int64_t>(p + 16);
+  l.last_index = get<uint64_t>(p + 24);
+}
+
+}  // namespace perfq::trace_codec

@@ -1,0 +1,327 @@
+// Tests of libperfq/report.h: every figure of the report against traces
+// with known, constructed timings (perfq/trace_synth.h).
+#include <stdlib.h>
+#include <unistd.h>
+
+#include <catch2/catch.hpp>
+#include <filesystem>
+#include <nlohmann/json.hpp>
+
+#include "perfq/report.h"
+#include "perfq/trace_synth.h"
+
+namespace perfq {
+namespace {
+
+class TempDir {
+ public:
+  TempDir() {
+    const std::filesystem::path base =
+        access("/dev/shm", W_OK) == 0 ? "/dev/shm" : std::filesystem::temp_directory_path();
+    std::string tmpl = (base / "perfq-report-XXXXXX").string();
+    REQUIRE(mkdtemp(tmpl.data()) != nullptr);
+    path_ = tmpl;
+  }
+  ~TempDir() {
+    std::error_code ec;
+    std::filesystem::remove_all(path_, ec);
+  }
+  std::string file(const std::string& name) const { return path_ + "/" + name; }
+
+ private:
+  std::string path_;
+};
+
+const ReportEvent* find_event(const TraceReport& r, const std::string& name) {
+  for (const auto& e : r.events) {
+    if (e.name == name) return &e;
+  }
+  return nullptr;
+}
+
+const ReportPair* find_pair(const TraceReport& r, const std::string& name) {
+  for (const auto& p : r.pairs) {
+    if (p.name == name) return &p;
+  }
+  return nullptr;
+}
+
+TEST_CASE("latency histogram: exact while small, within 0.2% when bucketed", "[report]") {
+  LatencyHistogram h;
+  for (int64_t v = 1; v <= 100; ++v) h.add(v * 10);
+  CHECK(h.exact());
+  auto d = h.summary();
+  CHECK(d.count == 100);
+  CHECK(d.min == 10);
+  CHECK(d.max == 1000);
+  CHECK(d.p50 == 500);
+  CHECK(d.p90 == 900);
+  CHECK(d.p99 == 990);
+  CHECK(d.mean == Approx(505));
+
+  LatencyHistogram big;
+  for (int64_t v = 1; v <= 100000; ++v) big.add(v * 1000 - 50000000);  // crosses zero
+  CHECK(!big.exact());
+  auto b = big.summary();
+  CHECK(b.min == 1000 - 50000000);
+  CHECK(b.max == 100000000 - 50000000);
+  CHECK(static_cast<double>(b.p50) == Approx(0.0).margin(50000000 * 0.002 + 1000));
+  CHECK(static_cast<double>(b.p90) == Approx(40000000).epsilon(0.002));
+  CHECK(static_cast<double>(b.p99) == Approx(49000000).epsilon(0.002));
+}
+
+TEST_CASE("report: figures of a trace with known timings", "[report]") {
+  TempDir dir;
+  const std::string path = dir.file("known.pq");
+  SynthTraceOptions o;
+  o.jobs = 100;
+  o.period_ns = 100'000;
+  o.submit_to_start = {1'000, 2'000, 3'000, 4'000};  // 25 each
+  o.start_to_end = {10'000, 20'000};                   // 50 each
+  o.end_to_complete = {500, 700, 900, -100};           // the last: a causality violation
+  o.device_offset_ns = 7'000'000'000;
+  auto written = write_synthetic_trace(path, o);
+  REQUIRE(written.is_ok());
+  // Per job: work begin/end, submit, queue_depth, start, dma_bytes, end, complete.
+  REQUIRE(written.value() == 800);
+
+  auto rr = analyze_trace(path);
+  REQUIRE(rr.is_ok());
+  const TraceReport& r = rr.value();
+  CHECK(r.stopped_early.empty());
+  CHECK(r.clean_end);
+  CHECK(r.records_host == 500);
+  CHECK(r.records_device == 300);
+  CHECK(r.lost_host == 0);
+  CHECK(r.lost_device == 0);
+  // First record: the first work begin (submit - 600); last: the last complete.
+  CHECK(r.first_ns == o.start_ns - 600);
+  const int64_t last_submit = o.start_ns + 99 * o.period_ns;
+  // Job 99: 4000, 20000, then complete 100 ns before its end: the end is last.
+  CHECK(r.last_ns == last_submit + 4'000 + 20'000);
+  CHECK(r.duration_ns == r.last_ns - r.first_ns);
+
+  // Streams: host 0/1 get 50 jobs x 5 records; device 0/1/2 get 34/33/33 jobs x 3.
+  REQUIRE(r.streams.size() == 5);
+  CHECK(r.streams[0].records == 250);
+  CHECK(r.streams[2].source == 1);
+  CHECK(r.streams[2].records == 102);
+  CHECK(r.streams[3].records == 99);
+
+  const ReportEvent* submit = find_event(r, "job_submit");
+  REQUIRE(submit != nullptr);
+  CHECK(submit->count == 100);
+  CHECK(submit->rate_per_s == Approx(100.0 / (static_cast<double>(r.duration_ns) / 1e9)));
+  REQUIRE(find_event(r, "dma_bytes") != nullptr);
+  CHECK(find_event(r, "dma_bytes")->kind == PERFQ_KIND_COUNTER);
+
+  const ReportPair* work = find_pair(r, "work");
+  REQUIRE(work != nullptr);
+  CHECK(work->duration.count == 100);
+  CHECK(work->duration.min == 500);
+  CHECK(work->duration.max == 500);
+  const ReportPair* dev = find_pair(r, "job_start");
+  REQUIRE(dev != nullptr);
+  CHECK(dev->duration.p50 == 10'000);
+  CHECK(dev->duration.p99 == 20'000);
+  CHECK(r.unmatched_ends == 0);
+
+  CHECK(r.jobs.count == 100);
+  CHECK(r.jobs.incomplete == 0);
+  CHECK(r.jobs.submit_to_start.min == 1'000);
+  CHECK(r.jobs.submit_to_start.p50 == 2'000);
+  CHECK(r.jobs.submit_to_start.p90 == 4'000);
+  CHECK(r.jobs.submit_to_start.p99 == 4'000);
+  CHECK(r.jobs.submit_to_start.max == 4'000);
+  CHECK(r.jobs.start_to_end.p50 == 10'000);
+  CHECK(r.jobs.start_to_end.p99 == 20'000);
+  CHECK(r.jobs.end_to_complete.min == -100);
+  CHECK(r.jobs.end_to_complete.p50 == 500);
+  CHECK(r.jobs.end_to_complete.p99 == 900);
+  CHECK(r.causality_violations == 25);
+
+  REQUIRE(r.sync.size() == 1);
+  CHECK(r.sync[0].name == "synth-dev");
+  CHECK(r.sync[0].offset_ns == 7'000'000'000);
+  CHECK(r.sync[0].drift_ppm == 0.0);
+  CHECK(r.sync[0].uncertainty_ns == 200);
+  CHECK(r.sync[0].samples == 16);
+  CHECK(r.sync[0].models == 1);
+  CHECK(r.sync[0].segments == 1);
+  CHECK(!r.sync[0].resynced);
+
+  SECTION("the JSON has the documented fields") {
+    auto j = nlohmann::json::parse(report_to_json(r));
+    CHECK(j["records"]["host"] == 500);
+    CHECK(j["records"]["device"] == 300);
+    CHECK(j["lost"]["host"] == 0);
+    CHECK(j["lost"]["device"] == 0);
+    CHECK(j["sync"]["offset_ns"] == 7'000'000'000);
+    CHECK(j["sync"]["drift_ppm"] == 0.0);
+    CHECK(j["sync"]["uncertainty_ns"] == 200);
+    CHECK(j["jobs"]["count"] == 100);
+    CHECK(j["jobs"]["submit_to_start_ns"]["p50"] == 2000);
+    CHECK(j["jobs"]["submit_to_start_ns"]["p99"] == 4000);
+    CHECK(j["jobs"]["start_to_end_ns"]["p50"] == 10000);
+    CHECK(j["jobs"]["start_to_end_ns"]["p99"] == 20000);
+    CHECK(j["jobs"]["end_to_complete_ns"]["p50"] == 500);
+    CHECK(j["jobs"]["end_to_complete_ns"]["p99"] == 900);
+    CHECK(j["causality_violations"] == 25);
+    CHECK(j["duration_ns"] == r.duration_ns);
+    CHECK(j["complete"] == true);
+  }
+  SECTION("the text names every section") {
+    std::string t = report_to_text(r);
+    for (const char* s : {"duration", "records", "lost", "sync", "events", "durations", "jobs",
+                          "submit->start", "causality violations  25"}) {
+      CHECK_THAT(t, Catch::Contains(s));
+    }
+  }
+}
+
+TEST_CASE("report: --resync replaces a wrong online model with the offline fit", "[report]") {
+  TempDir dir;
+  const std::string path = dir.file("resync.pq");
+  SynthTraceOptions o;
+  o.jobs = 60;
+  o.submit_to_start = {2'000};
+  o.start_to_end = {10'000};
+  o.end_to_complete = {1'000};
+  o.device_offset_ns = 3'000'000'000;
+  o.model_error_ns = -2'500;  // the daemon's model put device events 2.5 us early
+  REQUIRE(write_synthetic_trace(path, o).is_ok());
+
+  auto online = analyze_trace(path);
+  REQUIRE(online.is_ok());
+  CHECK(online->jobs.count == 60);
+  CHECK(online->jobs.submit_to_start.p50 == -500);
+  CHECK(online->jobs.end_to_complete.p50 == 3'500);
+  CHECK(online->causality_violations == 60);
+  CHECK(online->sync[0].offset_ns == 3'000'000'000 - 2'500);
+
+  TraceReportOptions opt;
+  opt.resync = true;
+  auto offline = analyze_trace(path, opt);
+  REQUIRE(offline.is_ok());
+  CHECK(offline->jobs.count == 60);
+  CHECK(offline->jobs.submit_to_start.p50 == 2'000);
+  CHECK(offline->jobs.start_to_end.p50 == 10'000);
+  CHECK(offline->jobs.end_to_complete.p50 == 1'000);
+  CHECK(offline->causality_violations == 0);
+  REQUIRE(offline->sync.size() == 1);
+  CHECK(offline->sync[0].resynced);
+  CHECK(offline->sync[0].offset_ns == 3'000'000'000);
+  CHECK(offline->sync[0].drift_ppm == 0.0);
+  CHECK(offline->sync[0].uncertainty_ns == 200);  // half the 400 ns bracket, no residual
+
+  SECTION("the fit is a hook") {
+    int calls = 0;
+    opt.fit = [&calls](std::span<const TraceSyncSample> s) -> Result<TraceClockModel> {
+      ++calls;
+      auto m = least_squares_sync_fit(s);
+      if (m.is_ok()) m->model.host_ref_ns += 1'000;
+      return m;
+    };
+    auto hooked = analyze_trace(path, opt);
+    REQUIRE(hooked.is_ok());
+    CHECK(calls == 1);
+    CHECK(hooked->jobs.submit_to_start.p50 == 3'000);  // device times 1 us later
+  }
+}
+
+TEST_CASE("report: least squares fit recovers offset and drift", "[report]") {
+  // Device clock runs 50 ppm slow against the host, offset 1 s.
+  std::vector<TraceSyncSample> samples;
+  for (uint32_t k = 0; k < 200; ++k) {
+    const int64_t h = 10'000'000'000 + int64_t{k} * 50'000'000;  // every 50 ms
+    const auto d = static_cast<uint64_t>(static_cast<double>(h - 1'000'000'000) * (1 - 50e-6));
+    TraceSyncSample s;
+    s.source = 3;
+    s.round = k;
+    const uint64_t w = (k % 10 == 0) ? 20'000 : 300;  // a few wide brackets, dropped
+    s.host = {static_cast<uint64_t>(h) - w / 2, d, static_cast<uint64_t>(h) + w / 2, 0};
+    s.device = {d - 4, d, d + 4, 0};
+    samples.push_back(s);
+  }
+  auto m = least_squares_sync_fit(samples);
+  REQUIRE(m.is_ok());
+  CHECK(m->source == 3);
+  // host = ref + (d - dref)(1 + rate): rate = 1/(1-50e-6) - 1 = 50.0025 ppm.
+  CHECK(static_cast<double>(m->model.rate_ppb) == Approx(50'002.5).margin(2));
+  for (uint64_t d : {uint64_t{9'000'000'000}, uint64_t{15'000'000'000}}) {
+    const double want = static_cast<double>(d) / (1 - 50e-6) + 1e9;
+    CHECK(static_cast<double>(apply_sync_model(m->model, d)) == Approx(want).margin(6));
+  }
+  CHECK(m->model.uncertainty_ns >= 150);
+  CHECK(m->model.uncertainty_ns < 160);
+  CHECK(!least_squares_sync_fit({}).is_ok());
+}
+
+TEST_CASE("report: losses by LOST records, loss chunks and index gaps", "[report]") {
+  TempDir dir;
+  const std::string path = dir.file("loss.pq");
+  SynthTraceOptions o;
+  o.jobs = 90;
+  o.drop_every = 10;          // device stream 0: indexes 9, 19, ... dropped
+  o.lost_record_count = 7;    // host stream 1
+  o.loss_chunk_count = 5;     // host stream 0
+  REQUIRE(write_synthetic_trace(path, o).is_ok());
+  auto r = analyze_trace(path);
+  REQUIRE(r.is_ok());
+  // Device stream 0: 30 jobs x 3 records = indexes 0..89, 9 of them dropped
+  // (9, 19, ..., 89); the last one is not seen as a gap (nothing follows it).
+  CHECK(r->lost_device == 8);
+  CHECK(r->lost_host == 12);
+  bool saw_dev = false;
+  for (const auto& s : r->streams) {
+    if (s.source == 1 && s.stream == 0) {
+      saw_dev = true;
+      CHECK(s.gap_lost == 8);
+      CHECK(s.loss_events == 8);
+      CHECK(s.first_loss_index == 10);
+      CHECK(s.first_loss_ns > o.start_ns);
+      CHECK(s.last_loss_ns > s.first_loss_ns);
+    }
+    if (s.source == 0 && s.stream == 1) {
+      CHECK(s.reported_lost == 7);
+      CHECK(s.lost == 7);
+      CHECK(s.first_loss_ns == o.start_ns + 50);
+    }
+    if (s.source == 0 && s.stream == 0) CHECK(s.reported_lost == 5);
+  }
+  CHECK(saw_dev);
+  // Jobs that lost their start or end are incomplete, not violations.
+  CHECK(r->jobs.count + r->jobs.incomplete == 90);
+  CHECK(r->jobs.incomplete > 0);
+  CHECK(r->causality_violations == 0);
+  auto j = nlohmann::json::parse(report_to_json(r.value()));
+  CHECK(j["lost"]["device"] == 8);
+  CHECK(j["lost"]["host"] == 12);
+  CHECK(j["lost"]["streams"].size() == 3);
+}
+
+TEST_CASE("report: a torn trace is reported with what came before", "[report]") {
+  TempDir dir;
+  const std::string path = dir.file("torn.pq");
+  SynthTraceOptions o;
+  o.jobs = 200;
+  TraceWriterOptions w;
+  w.records_per_chunk = 100;
+  w.compress = false;
+  REQUIRE(write_synthetic_trace(path, o, w).is_ok());
+  const auto size = std::filesystem::file_size(path);
+  std::filesystem::resize_file(path, size - 3000);
+  auto r = analyze_trace(path);
+  REQUIRE(r.is_ok());
+  CHECK(!r->stopped_early.empty());
+  CHECK_THAT(r->stopped_early, Catch::Contains("byte offset " + std::to_string(r->stop_offset)));
+  CHECK(r->records_host + r->records_device > 0);
+  CHECK(r->records_host + r->records_device < 1600);
+  CHECK((r->records_host + r->records_device) % 100 == 0);
+  auto j = nlohmann::json::parse(report_to_json(r.value()));
+  CHECK(j["complete"] == false);
+  CHECK(j["stopped_early"]["offset"] == r->stop_offset);
+}
+
+}  // namespace
+}  // namespace perfq

@@ -1,0 +1,172 @@
+// Tests of the perfqctl binary as a real process: report and export, exit
+// codes (0 ok, 1 failure, 2 usage) and one-line errors naming file and offset.
+#include <stdlib.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <catch2/catch.hpp>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "perfq/trace_synth.h"
+
+#ifndef PERFQCTL_PATH
+#error "PERFQCTL_PATH must name the perfqctl binary"
+#endif
+
+namespace perfq {
+namespace {
+
+class TempDir {
+ public:
+  TempDir() {
+    const std::filesystem::path base =
+        access("/dev/shm", W_OK) == 0 ? "/dev/shm" : std::filesystem::temp_directory_path();
+    std::string tmpl = (base / "perfq-ctl-XXXXXX").string();
+    REQUIRE(mkdtemp(tmpl.data()) != nullptr);
+    path_ = tmpl;
+  }
+  ~TempDir() {
+    std::error_code ec;
+    std::filesystem::remove_all(path_, ec);
+  }
+  std::string file(const std::string& name) const { return path_ + "/" + name; }
+
+ private:
+  std::string path_;
+};
+
+std::string slurp(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+struct Run {
+  int rc = -1;
+  std::string out;
+  std::string err;
+};
+
+// Runs perfqctl with `args` (shell words), capturing stdout and stderr.
+Run perfqctl(const TempDir& dir, const std::string& args) {
+  const std::string cmd = std::string(PERFQCTL_PATH) + " " + args + " > " + dir.file("stdout") +
+                          " 2> " + dir.file("stderr");
+  int rc = std::system(cmd.c_str());
+  Run r;
+  r.rc = WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
+  r.out = slurp(dir.file("stdout"));
+  r.err = slurp(dir.file("stderr"));
+  return r;
+}
+
+size_t count_lines(const std::string& s) {
+  size_t n = 0;
+  for (char c : s) n += c == '\n';
+  return n;
+}
+
+std::string make_trace(const TempDir& dir) {
+  const std::string path = dir.file("t.pq");
+  SynthTraceOptions o;
+  o.jobs = 40;
+  o.submit_to_start = {3'000};
+  o.start_to_end = {8'000};
+  o.end_to_complete = {2'000};
+  TraceWriterOptions w;
+  w.records_per_chunk = 50;
+  w.compress = false;  // chunk sizes the cuts below rely on
+  REQUIRE(write_synthetic_trace(path, o, w).is_ok());
+  return path;
+}
+
+TEST_CASE("perfqctl report --json prints the documented figures", "[perfqctl][report]") {
+  TempDir dir;
+  const std::string trace = make_trace(dir);
+  Run r = perfqctl(dir, "report " + trace + " --json");
+  INFO(r.err);
+  REQUIRE(r.rc == 0);
+  CHECK(r.err.empty());
+  auto j = nlohmann::json::parse(r.out);
+  CHECK(j["records"]["host"] == 200);
+  CHECK(j["records"]["device"] == 120);
+  CHECK(j["lost"]["host"] == 0);
+  CHECK(j["lost"]["device"] == 0);
+  CHECK(j["sync"]["offset_ns"] == 5'000'000'000);
+  CHECK(j["sync"]["drift_ppm"] == 0.0);
+  CHECK(j["sync"]["uncertainty_ns"] == 200);
+  CHECK(j["jobs"]["count"] == 40);
+  CHECK(j["jobs"]["submit_to_start_ns"]["p50"] == 3000);
+  CHECK(j["jobs"]["submit_to_start_ns"]["p99"] == 3000);
+  CHECK(j["jobs"]["start_to_end_ns"]["p50"] == 8000);
+  CHECK(j["jobs"]["end_to_complete_ns"]["p99"] == 2000);
+  CHECK(j["causality_violations"] == 0);
+
+  Run text = perfqctl(dir, "report " + trace);
+  REQUIRE(text.rc == 0);
+  CHECK_THAT(text.out, Catch::Contains("jobs          40 complete"));
+
+  Run resync = perfqctl(dir, "report --resync --json " + trace);
+  REQUIRE(resync.rc == 0);
+  CHECK(nlohmann::json::parse(resync.out)["sync"]["resynced"] == true);
+}
+
+TEST_CASE("perfqctl export writes every format", "[perfqctl][export]") {
+  TempDir dir;
+  const std::string trace = make_trace(dir);
+  for (const char* f : {"csv", "chrome-json", "perfetto", "ctf"}) {
+    const std::string out = dir.file(std::string("out.") + f);
+    Run r = perfqctl(dir, "export " + trace + " --format " + f + " -o " + out);
+    INFO(f << ": " << r.err);
+    REQUIRE(r.rc == 0);
+    CHECK(std::filesystem::exists(out));
+  }
+  CHECK(count_lines(slurp(dir.file("out.csv"))) == 321);
+  CHECK(std::filesystem::exists(dir.file("out.ctf/metadata")));
+}
+
+TEST_CASE("perfqctl: usage errors exit 2, failures exit 1 with one line", "[perfqctl]") {
+  TempDir dir;
+  const std::string trace = make_trace(dir);
+
+  Run none = perfqctl(dir, "");
+  CHECK(none.rc == 2);
+  Run bogus = perfqctl(dir, "frobnicate");
+  CHECK(bogus.rc == 2);
+  Run nofile = perfqctl(dir, "report");
+  CHECK(nofile.rc == 2);
+  Run badfmt = perfqctl(dir, "export " + trace + " --format svg -o x");
+  CHECK(badfmt.rc == 2);
+  Run noout = perfqctl(dir, "export " + trace + " --format csv");
+  CHECK(noout.rc == 2);
+  CHECK(perfqctl(dir, "--help").rc == 0);
+
+  Run missing = perfqctl(dir, "report " + dir.file("missing.pq"));
+  CHECK(missing.rc == 1);
+  CHECK(count_lines(missing.err) == 1);
+  CHECK_THAT(missing.err, Catch::Contains("missing.pq"));
+
+  // Cut inside the last record chunk: the report still prints, exit 1, and
+  // stderr names the file and the byte offset of the torn chunk.
+  const auto size = std::filesystem::file_size(trace);
+  std::filesystem::resize_file(trace, size - 500);
+  Run torn = perfqctl(dir, "report --json " + trace);
+  CHECK(torn.rc == 1);
+  CHECK(count_lines(torn.err) == 1);
+  CHECK_THAT(torn.err, Catch::Contains(trace) && Catch::Contains("byte offset"));
+  auto j = nlohmann::json::parse(torn.out);
+  CHECK(j["complete"] == false);
+  CHECK(j["records"]["host"].get<int>() + j["records"]["device"].get<int>() == 300);
+
+  Run torn_export = perfqctl(dir, "export " + trace + " --format csv -o " + dir.file("t.csv"));
+  CHECK(torn_export.rc == 1);
+  CHECK(count_lines(torn_export.err) == 1);
+  CHECK_THAT(torn_export.err, Catch::Contains("byte offset"));
+  CHECK(count_lines(slurp(dir.file("t.csv"))) == 301);
+}
+
+}  // namespace
+}  // namespace perfq

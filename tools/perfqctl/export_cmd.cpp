@@ -1,0 +1,46 @@
+// perfqctl export FILE --format perfetto|chrome-json|ctf|csv -o OUT
+#include <cstdio>
+#include <string>
+
+#include "commands.h"
+#include "perfq/export.h"
+
+namespace perfqctl {
+
+void add_export_command(CLI::App& app, int& exit_code) {
+  struct Args {
+    std::string file;
+    std::string format;
+    std::string out;
+  };
+  auto args = std::make_shared<Args>();
+  CLI::App* sub = app.add_subcommand("export", "convert a trace for other viewers");
+  sub->add_option("FILE", args->file, "trace file")->required();
+  sub->add_option("--format,-f", args->format, "perfetto, chrome-json, ctf or csv")
+      ->required()
+      ->check(CLI::IsMember({"perfetto", "chrome-json", "ctf", "csv"}));
+  sub->add_option("-o,--output", args->out, "output file (a directory for ctf)")->required();
+  sub->callback([args, &exit_code] {
+    auto fmt = perfq::parse_export_format(args->format);
+    if (!fmt.is_ok()) {
+      std::fprintf(stderr, "perfqctl: export: %s\n", fmt.status().message().c_str());
+      exit_code = kExitUsage;
+      return;
+    }
+    auto r = perfq::export_trace(args->file, fmt.value(), args->out);
+    if (!r.is_ok()) {
+      std::fprintf(stderr, "perfqctl: export: %s\n", r.status().message().c_str());
+      exit_code = kExitFail;
+      return;
+    }
+    if (!r->stopped_early.empty()) {
+      std::fprintf(stderr, "perfqctl: export: trace damaged, exported the %llu records before it: %s\n",
+                   static_cast<unsigned long long>(r->records), r->stopped_early.c_str());
+      exit_code = kExitFail;
+      return;
+    }
+    exit_code = kExitOk;
+  });
+}
+
+}  // namespace perfqctl

@@ -1,0 +1,25 @@
+// perfqctl: control and analysis of perfq traces.  Thin: parse, call
+// libperfq, map errors to exit codes (0 ok, 1 failure, 2 usage error).
+// Data goes to stdout, diagnostics to stderr, one line each.
+#include <cstdio>
+
+#include "commands.h"
+
+int main(int argc, char** argv) {
+  CLI::App app{"perfqctl: record, analyse and export perfq traces"};
+  app.require_subcommand(1);
+  int exit_code = perfqctl::kExitOk;
+  perfqctl::add_report_command(app, exit_code);
+  perfqctl::add_export_command(app, exit_code);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForAllHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    std::fprintf(stderr, "perfqctl: %s (see perfqctl --help)\n", e.what());
+    return perfqctl::kExitUsage;
+  }
+  return exit_code;
+}
