@@ -13,5 +13,6 @@ inline constexpr int kExitUsage = 2;
 
 void add_report_command(CLI::App& app, int& exit_code);
 void add_export_command(CLI::App& app, int& exit_code);
+void add_record_command(CLI::App& app, int& exit_code);
 
 }  // namespace perfqctl

@@ -9,6 +9,7 @@ int main(int argc, char** argv) {
   CLI::App app{"perfqctl: record, analyse and export perfq traces"};
   app.require_subcommand(1);
   int exit_code = perfqctl::kExitOk;
+  perfqctl::add_record_command(app, exit_code);
   perfqctl::add_report_command(app, exit_code);
   perfqctl::add_export_command(app, exit_code);
   try {

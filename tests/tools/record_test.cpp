@@ -1,0 +1,56 @@
+// perfqctl record against perfq-devsim, then perfqctl report on the trace:
+// all real processes, a real region, a real trace file.
+#include <catch2/catch.hpp>
+#include <nlohmann/json.hpp>
+#include <thread>
+
+#include "test_util.h"
+
+namespace perfq {
+namespace {
+
+const std::string kBin = PERFQ_BIN_DIR;
+
+TEST_CASE("perfqctl record: every device record lands in the trace, synchronized",
+          "[perfqctl][record][process]") {
+  TempShm shm("record");
+  const std::string trace = shm.path() + ".trace";
+  Child dev({kBin + "/perfq-devsim", "--region", shm.path(), "--create", "--workers", "2",
+             "--rate", "10000", "--duration", "3", "--clock-offset-ns", "-987654321",
+             "--clock-drift-ppm", "-40"});
+  REQUIRE(dev.started());
+  // The recorder waits for the device and stops when it stops.
+  Child rec({kBin + "/perfqctl", "record", "--device", "shm:" + shm.path(), "-o", trace});
+  REQUIRE(rec.started());
+  REQUIRE(dev.wait(std::chrono::seconds(60)));
+  REQUIRE(rec.wait(std::chrono::seconds(60)));
+  INFO("record stderr: " << rec.err());
+  REQUIRE(rec.exit_code() == 0);
+  REQUIRE(dev.exit_code() == 0);
+  auto devjs = nlohmann::json::parse(dev.out());
+  CHECK(rec.out().find("wrote " + trace) != std::string::npos);
+
+  Child rep({kBin + "/perfqctl", "report", trace, "--json"});
+  REQUIRE(rep.wait(std::chrono::seconds(60)));
+  INFO("report stderr: " << rep.err());
+  REQUIRE(rep.exit_code() == 0);
+  auto js = nlohmann::json::parse(rep.out());
+  CHECK(js["records"]["device"] == devjs["emitted"]);
+  CHECK(js["lost"]["device"] == 0);
+  CHECK(js["causality_violations"] == 0);
+  // The model found the device clock's drift (host vs device: opposite sign).
+  CHECK(std::abs(js["sync"]["drift_ppm"].get<double>() - 40.0) < 1.0);
+  CHECK(js["sync"]["uncertainty_ns"].get<double>() < 100'000);
+  ::unlink(trace.c_str());
+}
+
+TEST_CASE("perfqctl record: a missing device is a clear error", "[perfqctl][record][process]") {
+  Child rec({kBin + "/perfqctl", "record", "--device", "shm:/dev/shm/perfq-test-no-such-region",
+             "-o", "/tmp/perfq-test-never-written.trace"});
+  REQUIRE(rec.wait(std::chrono::seconds(30)));
+  CHECK(rec.exit_code() == 1);
+  CHECK(rec.err().find("perfq-test-no-such-region") != std::string::npos);
+}
+
+}  // namespace
+}  // namespace perfq
