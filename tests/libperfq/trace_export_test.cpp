@@ -14,46 +14,16 @@
 #include "perfq/export.h"
 #include "perfq/trace_synth.h"
 
+#include "test_util.h"
+
 namespace perfq {
 namespace {
-
-class TempDir {
- public:
-  TempDir() {
-    const std::filesystem::path base =
-        access("/dev/shm", W_OK) == 0 ? "/dev/shm" : std::filesystem::temp_directory_path();
-    std::string tmpl = (base / "perfq-export-XXXXXX").string();
-    REQUIRE(mkdtemp(tmpl.data()) != nullptr);
-    path_ = tmpl;
-  }
-  ~TempDir() {
-    std::error_code ec;
-    std::filesystem::remove_all(path_, ec);
-  }
-  std::string file(const std::string& name) const { return path_ + "/" + name; }
-
- private:
-  std::string path_;
-};
-
-std::string slurp(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
 
 std::vector<std::string> lines_of(const std::string& text) {
   std::vector<std::string> out;
   std::istringstream in(text);
   for (std::string l; std::getline(in, l);) out.push_back(l);
   return out;
-}
-
-// Runs a shell command; returns its exit status (-1 if it did not exit).
-int sh(const std::string& cmd) {
-  int rc = std::system(cmd.c_str());
-  return WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
 }
 
 void require_tool(const char* tool, const char* package) {
@@ -114,7 +84,7 @@ std::string make_trace(const TempDir& dir) {
 }
 
 TEST_CASE("export csv: a header and one row per record", "[export]") {
-  TempDir dir;
+  TempDir dir("export");
   const std::string in = make_trace(dir);
   const Expected e = expected_of(in);
   REQUIRE(e.records.size() == 400);
@@ -138,7 +108,7 @@ TEST_CASE("export csv: a header and one row per record", "[export]") {
 }
 
 TEST_CASE("export chrome-json: parses, every event has the required fields", "[export]") {
-  TempDir dir;
+  TempDir dir("export");
   const std::string in = make_trace(dir);
   const Expected e = expected_of(in);
   REQUIRE(export_trace(in, TraceExportFormat::kChromeJson, dir.file("out.json")).is_ok());
@@ -183,7 +153,7 @@ TEST_CASE("export chrome-json: parses, every event has the required fields", "[e
 
 TEST_CASE("export perfetto: protoc decodes it with no unknown fields", "[export]") {
   require_tool("protoc", "protobuf-compiler");
-  TempDir dir;
+  TempDir dir("export");
   const std::string in = make_trace(dir);
   REQUIRE(export_trace(in, TraceExportFormat::kPerfetto, dir.file("out.pftrace")).is_ok());
   const std::string cmd = std::string("protoc --proto_path=") + PERFQ_TEST_DATA_DIR +
@@ -220,7 +190,7 @@ TEST_CASE("export perfetto: protoc decodes it with no unknown fields", "[export]
 
 TEST_CASE("export ctf: babeltrace2 reads every event with its name and time", "[export]") {
   require_tool("babeltrace2", "babeltrace2");
-  TempDir dir;
+  TempDir dir("export");
   const std::string in = make_trace(dir);
   const Expected e = expected_of(in);
   const std::string out = dir.file("ctf");
@@ -252,7 +222,7 @@ TEST_CASE("export ctf: babeltrace2 reads every event with its name and time", "[
 }
 
 TEST_CASE("export: a damaged input exports what came before and says where", "[export]") {
-  TempDir dir;
+  TempDir dir("export");
   const std::string in = make_trace(dir);
   std::filesystem::resize_file(in, std::filesystem::file_size(in) - 100);
   auto s = export_trace(in, TraceExportFormat::kCsv, dir.file("out.csv"));

@@ -20,6 +20,8 @@
 #include "perfq/trace.h"
 #include "perfq/trace_synth.h"
 
+#include "test_util.h"
+
 namespace perfq {
 namespace {
 
@@ -28,26 +30,6 @@ constexpr uint64_t kManyRecords = 200'000;
 #else
 constexpr uint64_t kManyRecords = 2'000'000;
 #endif
-
-// A unique directory under the temp dir, removed with its content.
-class TempDir {
- public:
-  TempDir() {
-    const std::filesystem::path base =
-        access("/dev/shm", W_OK) == 0 ? "/dev/shm" : std::filesystem::temp_directory_path();
-    std::string tmpl = (base / "perfq-trace-XXXXXX").string();
-    REQUIRE(mkdtemp(tmpl.data()) != nullptr);
-    path_ = tmpl;
-  }
-  ~TempDir() {
-    std::error_code ec;
-    std::filesystem::remove_all(path_, ec);
-  }
-  std::string file(const std::string& name) const { return path_ + "/" + name; }
-
- private:
-  std::string path_;
-};
 
 std::vector<uint8_t> slurp(const std::string& path) {
   std::ifstream f(path, std::ios::binary);
@@ -204,7 +186,7 @@ TEST_CASE("crc32c: the standard check value", "[trace]") {
 
 TEST_CASE("trace: round trip of millions of records, every field equal", "[trace]") {
   const bool compress = GENERATE(false, true);
-  TempDir dir;
+  TempDir dir("trace");
   const std::string path = dir.file("big.pq");
   write_big(path, compress, kManyRecords);
 
@@ -243,7 +225,7 @@ TEST_CASE("trace: round trip of millions of records, every field equal", "[trace
 }
 
 TEST_CASE("trace: later metadata adds sources; open refuses what is not a trace", "[trace]") {
-  TempDir dir;
+  TempDir dir("trace");
   const std::string path = dir.file("meta.pq");
   TraceMetadata m = test_metadata();
   {
@@ -350,7 +332,7 @@ Layout layout_of(const std::vector<uint8_t>& bytes) {
 
 TEST_CASE("trace: cut at every byte of the last chunks, the reader stops there", "[trace]") {
   const bool compress = GENERATE(false, true);
-  TempDir dir;
+  TempDir dir("trace");
   const std::string path = dir.file("cut.pq");
   {
     TraceWriterOptions o;
@@ -417,7 +399,7 @@ TEST_CASE("trace: cut at every byte of the last chunks, the reader stops there",
 
 TEST_CASE("trace: any flipped bit is caught at its chunk", "[trace]") {
   const bool compress = GENERATE(false, true);
-  TempDir dir;
+  TempDir dir("trace");
   const std::string path = dir.file("flip.pq");
   {
     TraceWriterOptions o;
@@ -484,7 +466,7 @@ TEST_CASE("trace: any flipped bit is caught at its chunk", "[trace]") {
 
 TEST_CASE("trace: a garbage tail and absurd lengths are refused without big allocations",
           "[trace]") {
-  TempDir dir;
+  TempDir dir("trace");
   const std::string path = dir.file("tail.pq");
   {
     auto w = TraceWriter::open(path, test_metadata());
@@ -527,7 +509,7 @@ namespace {
 // with `perfq_tests "[.trace-bench]"`).  Median of 5 runs, a synthetic
 // 125k-job trace (1M records) of the shape perfq records.
 TEST_CASE("trace: bytes per record and write cost, with and without zstd", "[.trace-bench]") {
-  TempDir dir;
+  TempDir dir("trace");
   for (int level : {0, 1, 3}) {
     const bool compress = level > 0;
     std::vector<double> ns_per_record;

@@ -16,34 +16,10 @@
 #error "PERFQCTL_PATH must name the perfqctl binary"
 #endif
 
+#include "test_util.h"
+
 namespace perfq {
 namespace {
-
-class TempDir {
- public:
-  TempDir() {
-    const std::filesystem::path base =
-        access("/dev/shm", W_OK) == 0 ? "/dev/shm" : std::filesystem::temp_directory_path();
-    std::string tmpl = (base / "perfq-ctl-XXXXXX").string();
-    REQUIRE(mkdtemp(tmpl.data()) != nullptr);
-    path_ = tmpl;
-  }
-  ~TempDir() {
-    std::error_code ec;
-    std::filesystem::remove_all(path_, ec);
-  }
-  std::string file(const std::string& name) const { return path_ + "/" + name; }
-
- private:
-  std::string path_;
-};
-
-std::string slurp(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
 
 struct Run {
   int rc = -1;
@@ -84,7 +60,7 @@ std::string make_trace(const TempDir& dir) {
 }
 
 TEST_CASE("perfqctl report --json prints the documented figures", "[perfqctl][report]") {
-  TempDir dir;
+  TempDir dir("ctl");
   const std::string trace = make_trace(dir);
   Run r = perfqctl(dir, "report " + trace + " --json");
   INFO(r.err);
@@ -115,7 +91,7 @@ TEST_CASE("perfqctl report --json prints the documented figures", "[perfqctl][re
 }
 
 TEST_CASE("perfqctl export writes every format", "[perfqctl][export]") {
-  TempDir dir;
+  TempDir dir("ctl");
   const std::string trace = make_trace(dir);
   for (const char* f : {"csv", "chrome-json", "perfetto", "ctf"}) {
     const std::string out = dir.file(std::string("out.") + f);
@@ -129,7 +105,7 @@ TEST_CASE("perfqctl export writes every format", "[perfqctl][export]") {
 }
 
 TEST_CASE("perfqctl: usage errors exit 2, failures exit 1 with one line", "[perfqctl]") {
-  TempDir dir;
+  TempDir dir("ctl");
   const std::string trace = make_trace(dir);
 
   Run none = perfqctl(dir, "");
