@@ -26,48 +26,6 @@ ClockRates rates_of(const Region& r) {
   return c;
 }
 
-// The device takes sample i right after answering host read i, so pairs
-// are microseconds apart and R's own rate error cannot bias the offset (it
-// would if the tightest host and device samples came from different ends of
-// a long round).  Each pair gives one observation; the pairs whose combined
-// delay is within the selection margin of the tightest are averaged.
-Result<SyncObservation> pair_observation(const std::vector<perfq_clock_sample>& host,
-                                         const std::vector<perfq_clock_sample>& dev,
-                                         const ClockRates& rates, const SelectionConfig& sel,
-                                         uint32_t round) {
-  if (host.size() != dev.size()) return make_observation(host, dev, rates, sel, round);
-  std::vector<SyncObservation> obs;
-  obs.reserve(host.size());
-  for (size_t i = 0; i < host.size(); ++i) {
-    auto o = make_observation(std::span(&host[i], 1), std::span(&dev[i], 1), rates, sel, round);
-    if (o) obs.push_back(*o);
-  }
-  if (obs.empty()) return make_observation(host, dev, rates, sel, round);
-  auto delay = [](const SyncObservation& o) { return o.host_delay_ns + o.device_delay_ns; };
-  double best = delay(obs[0]);
-  for (const auto& o : obs) best = std::min(best, delay(o));
-  const double limit = best + std::max(sel.margin_ns, sel.margin_frac * best);
-  const SyncObservation& ref = *std::min_element(
-      obs.begin(), obs.end(), [&](const auto& a, const auto& b) { return delay(a) < delay(b); });
-  // Average the selected points (they lie on one line, so their mean does).
-  long double dd = 0, dh = 0, unc = 0;
-  uint16_t used = 0;
-  for (const auto& o : obs) {
-    if (delay(o) > limit) continue;
-    dd += static_cast<long double>(time_diff(o.device_time, ref.device_time));
-    dh += static_cast<long double>(time_diff(o.host_ns, ref.host_ns));
-    unc += o.uncertainty_ns;
-    ++used;
-  }
-  SyncObservation out = ref;
-  out.device_time = ref.device_time + static_cast<uint64_t>(std::llround(dd / used));
-  out.host_ns = ref.host_ns + static_cast<uint64_t>(std::llround(dh / used));
-  out.uncertainty_ns = static_cast<double>(unc / used);
-  out.host_used = used;
-  out.device_used = used;
-  return out;
-}
-
 }  // namespace
 
 HostSync::HostSync(DeviceTransport& device, HostSyncOptions opts)
@@ -99,9 +57,12 @@ Result<RoundResult> HostSync::round() {
   uint32_t spins = 0;
   while (true) {
     dev = read_sample_batch(&page->device_samples);
-    if (!dev) return Status(dev.status().code(), device_.spec() + ": device samples: " +
-                                                     dev.status().message());
-    if (dev->round == r) break;
+    // A read that keeps meeting a write in progress (kTimeout) tries again
+    // until the deadline; a corrupt batch is an error at once.
+    if (!dev && dev.status().code() != Errc::kTimeout)
+      return Status(dev.status().code(), device_.spec() + ": device samples: " +
+                                             dev.status().message());
+    if (dev && dev->round == r) break;
     if (monotonic_ns() > deadline)
       return Status(Errc::kTimeout, device_.spec() + ": the device did not publish its samples "
                                     "of sync round " + std::to_string(r) + " within " +
@@ -109,13 +70,25 @@ Result<RoundResult> HostSync::round() {
     if (++spins > 64) std::this_thread::sleep_for(std::chrono::microseconds(50));
   }
 
-  auto obs = pair_observation(*host, dev->samples, rates_, opts_.selection, r);
+  auto obs = make_paired_observation(*host, dev->samples, rates_, opts_.selection, r);
   if (!obs) return Status(obs.status().code(), device_.spec() + ": sync round " +
                                                    std::to_string(r) + ": " +
                                                    obs.status().message());
   RoundResult res;
   res.observation = *obs;
-  res.verdict = sync_.add(*obs);
+  // Gate against the usual uncertainty of this device's rounds.
+  double gate = opts_.gate_floor_ns;
+  if (!recent_unc_.empty()) {
+    std::vector<double> v = recent_unc_;
+    std::nth_element(v.begin(), v.begin() + static_cast<long>(v.size() / 2), v.end());
+    gate = std::max(gate, opts_.gate_factor * v[v.size() / 2]);
+  }
+  if (recent_unc_.size() < 16)
+    recent_unc_.push_back(obs->uncertainty_ns);
+  else
+    recent_unc_[recent_pos_++ % 16] = obs->uncertainty_ns;
+  res.verdict = obs->uncertainty_ns <= gate || !sync_.has_model() ? sync_.add(*obs)
+                                                                  : ClockSync::Verdict::kOutlier;
   if (opts_.mode == PERFQ_SYNC_MODE_B) {
     write_sample_batch(&page->mailbox, r, *host);
     __atomic_store_n(&page->mode, static_cast<uint32_t>(PERFQ_SYNC_MODE_B), __ATOMIC_RELEASE);

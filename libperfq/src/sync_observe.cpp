@@ -209,4 +209,47 @@ Result<SyncObservation> make_observation(std::span<const perfq_clock_sample> hos
   return o;
 }
 
+// The device takes sample i right after answering host read i, so pairs
+// are microseconds apart and R's own rate error cannot bias the offset (it
+// would if the tightest host and device samples came from different ends of
+// a long round).  Each pair gives one observation; the pairs whose combined
+// delay is within the selection margin of the tightest are averaged.
+Result<SyncObservation> make_paired_observation(std::span<const perfq_clock_sample> host,
+                                                std::span<const perfq_clock_sample> dev,
+                                                const ClockRates& rates,
+                                                const SelectionConfig& sel, uint32_t round) {
+  if (host.size() != dev.size()) return make_observation(host, dev, rates, sel, round);
+  std::vector<SyncObservation> obs;
+  obs.reserve(host.size());
+  for (size_t i = 0; i < host.size(); ++i) {
+    auto o = make_observation(std::span(&host[i], 1), std::span(&dev[i], 1), rates, sel, round);
+    if (o) obs.push_back(*o);
+  }
+  if (obs.empty()) return make_observation(host, dev, rates, sel, round);
+  auto delay = [](const SyncObservation& o) { return o.host_delay_ns + o.device_delay_ns; };
+  double best = delay(obs[0]);
+  for (const auto& o : obs) best = std::min(best, delay(o));
+  const double limit = best + std::max(sel.margin_ns, sel.margin_frac * best);
+  const SyncObservation& ref = *std::min_element(
+      obs.begin(), obs.end(), [&](const auto& a, const auto& b) { return delay(a) < delay(b); });
+  // Average the selected points (they lie on one line, so their mean does).
+  long double dd = 0, dh = 0, unc = 0;
+  uint16_t used = 0;
+  for (const auto& o : obs) {
+    if (delay(o) > limit) continue;
+    dd += static_cast<long double>(time_diff(o.device_time, ref.device_time));
+    dh += static_cast<long double>(time_diff(o.host_ns, ref.host_ns));
+    unc += o.uncertainty_ns;
+    ++used;
+  }
+  SyncObservation out = ref;
+  out.device_time = ref.device_time + static_cast<uint64_t>(std::llround(dd / used));
+  out.host_ns = ref.host_ns + static_cast<uint64_t>(std::llround(dh / used));
+  out.uncertainty_ns = static_cast<double>(unc / used);
+  out.host_used = used;
+  out.device_used = used;
+  return out;
+}
+
+
 }  // namespace perfq

@@ -30,10 +30,16 @@ struct HostSyncOptions {
   std::chrono::milliseconds device_timeout{200};  // for the device's batch
   SyncConfig sync;
   SelectionConfig selection;
+  // A round whose best observation is much less certain than is usual for
+  // this device (preempted on a busy machine) is kept for the offline fit
+  // but not fed to the online model: it is used only when its uncertainty is
+  // at most max(gate_floor_ns, gate_factor x the median of recent rounds).
+  double gate_floor_ns = 20'000;
+  double gate_factor = 4;
 };
 
 struct RoundResult {
-  ClockSync::Verdict verdict = ClockSync::Verdict::kInvalid;
+  ClockSync::Verdict verdict = ClockSync::Verdict::kInvalid;  // kOutlier when gated
   SyncObservation observation;
   uint64_t cpu_ns = 0;  // host CPU time the round cost this thread
 };
@@ -58,6 +64,8 @@ class HostSync {
   ClockRates rates_;
   ClockSync sync_;
   std::vector<SyncRound> rounds_;
+  std::vector<double> recent_unc_;  // uncertainties of the last rounds, ring
+  size_t recent_pos_ = 0;
   uint32_t next_round_ = 1;
 };
 

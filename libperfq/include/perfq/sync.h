@@ -98,6 +98,18 @@ Result<SyncObservation> make_observation(std::span<const perfq_clock_sample> hos
                                          const ClockRates& rates,
                                          const SelectionConfig& sel = {}, uint32_t round = 0);
 
+// The same from paired samples: device sample i was taken right after host
+// read i (the timer server does so), so each pair is microseconds apart and
+// R's own rate error cannot bias the offset, however long the round.  Each
+// pair gives one observation; those whose combined delay is within the
+// selection margin of the tightest are averaged.  Spans of different sizes
+// fall back to make_observation().
+Result<SyncObservation> make_paired_observation(std::span<const perfq_clock_sample> host,
+                                                std::span<const perfq_clock_sample> device,
+                                                const ClockRates& rates,
+                                                const SelectionConfig& sel = {},
+                                                uint32_t round = 0);
+
 // ---- 2. Clock model ------------------------------------------------------------
 
 // One linear model: host = host_ref + host_frac + (d - device_ref) * ns_per_tick.
@@ -287,6 +299,8 @@ class DeviceClockSync {
                                               std::span<const perfq_clock_sample> device_samples,
                                               uint32_t round);
 
+  // Add an observation made elsewhere (make_paired_observation()).
+  ClockSync::Verdict add(const SyncObservation& obs) { return sync_.add(obs); }
   bool ready() const { return sync_.has_model(); }
   // Host time of a device time, with the model current now (records are
   // converted as they are collected, so the latest model is the one valid
