@@ -3,11 +3,14 @@
 
 #include <algorithm>
 #include <cmath>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <set>
 #include <unordered_map>
 
 #include <fmt/format.h>
+
+#include "perfq/sync.h"
 
 namespace perfq {
 
@@ -211,9 +214,16 @@ struct Job {
   uint8_t mask = 0;
 };
 
+// How --resync converts one device's times: the piecewise offline model, or
+// one linear model from a custom (or fallback) fit.
+struct Resync {
+  TraceClockModel model;
+  std::shared_ptr<const PiecewiseModel> piecewise;
+};
+
 class Analyzer : public TraceVisitor {
  public:
-  Analyzer(TraceReport& r, const std::map<uint16_t, TraceClockModel>* resync) : r_(r), resync_(resync) {}
+  Analyzer(TraceReport& r, const std::map<uint16_t, Resync>* resync) : r_(r), resync_(resync) {}
 
   Status on_metadata(const TraceMetadata& m) override {
     r_.metadata = m;
@@ -226,7 +236,10 @@ class Analyzer : public TraceVisitor {
       int64_t t = in.time_ns;
       if (resync_ && in.domain() == PERFQ_CLOCK_DEVICE) {
         auto it = resync_->find(in.source);
-        if (it != resync_->end()) t = apply_sync_model(it->second.model, in.rec.time);
+        if (it != resync_->end())
+          t = it->second.piecewise
+                  ? static_cast<int64_t>(it->second.piecewise->to_host(in.rec.time))
+                  : apply_sync_model(it->second.model.model, in.rec.time);
       }
       record(in, t);
     }
@@ -293,7 +306,7 @@ class Analyzer : public TraceVisitor {
       if (opt.resync && resync_) {
         auto it = resync_->find(src);
         if (it != resync_->end()) {
-          const auto& m = it->second.model;
+          const auto& m = it->second.model.model;
           d.offset_ns = m.host_ref_ns - static_cast<int64_t>(m.device_ref);
           d.drift_ppm = static_cast<double>(m.rate_ppb) / 1000.0;
           d.uncertainty_ns = m.uncertainty_ns;
@@ -421,7 +434,7 @@ class Analyzer : public TraceVisitor {
   }
 
   TraceReport& r_;
-  const std::map<uint16_t, TraceClockModel>* resync_;
+  const std::map<uint16_t, Resync>* resync_;
   bool have_time_ = false;
   int64_t first_ = 0;
   int64_t last_ = 0;
@@ -439,12 +452,38 @@ class Analyzer : public TraceVisitor {
 // First pass of --resync: every sync sample, grouped by device.
 class SampleCollector : public TraceVisitor {
  public:
+  Status on_metadata(const TraceMetadata& m) override {
+    metadata = m;
+    return Status::ok();
+  }
   Status on_sync_samples(std::span<const TraceSyncSample> s) override {
     for (const auto& x : s) samples[x.source].push_back(x);
     return Status::ok();
   }
+  TraceMetadata metadata;
   std::map<uint16_t, std::vector<TraceSyncSample>> samples;
 };
+
+// The sync module's whole-recording fit over a device's rounds, with its
+// nominal rates (a timer rate of 0 in old traces: the clock's rate).  Null
+// when the rates are unknown or nothing could be fitted.
+std::shared_ptr<const PiecewiseModel> offline_piecewise(const TraceSource* src,
+                                                        const std::vector<TraceSyncSample>& samples) {
+  if (!src || src->clock_hz == 0) return nullptr;
+  ClockRates rates;
+  rates.device_hz = src->clock_hz;
+  rates.timer_hz = src->timer_hz ? src->timer_hz : src->clock_hz;
+  if (!rates.validate().is_ok()) return nullptr;
+  std::vector<SyncRound> rounds;
+  for (const auto& x : samples) {
+    if (rounds.empty() || rounds.back().round != x.round) rounds.push_back(SyncRound{x.round, {}, {}});
+    rounds.back().host.push_back(x.host);
+    rounds.back().device.push_back(x.device);
+  }
+  OfflineFit fit = fit_offline_rounds(rounds, rates);
+  if (fit.model.empty() || fit.model.segments().back().knots.empty()) return nullptr;
+  return std::make_shared<const PiecewiseModel>(std::move(fit.model));
+}
 
 }  // namespace
 
@@ -453,19 +492,37 @@ Result<TraceReport> analyze_trace(const std::string& path, const TraceReportOpti
   if (!reader.is_ok()) return reader.status();
   TraceReport r;
   r.path = path;
-  std::map<uint16_t, TraceClockModel> models;
+  std::map<uint16_t, Resync> models;
   if (options.resync) {
     SampleCollector c;
     Status s = reader->read(c);
     if (!s.is_ok() && s.code() != Errc::kCorrupt) return s;
     for (auto& [src, samples] : c.samples) {
-      auto m = options.fit ? options.fit(samples) : least_squares_sync_fit(samples);
-      if (!m.is_ok()) {
-        return Status(m.status().code(),
-                      fmt::format("{}: resync of source {}: {}", path, src, m.status().message()));
+      Resync rs;
+      if (!options.fit) rs.piecewise = offline_piecewise(c.metadata.find_source(src), samples);
+      if (rs.piecewise) {
+        // Summarize the whole-recording model by its last segment: offset at
+        // its last knot, rate averaged from its first knot to its last.
+        const auto& knots = rs.piecewise->segments().back().knots;
+        ClockModel summary = knots.back();
+        const int64_t dd = time_diff(knots.back().device_ref, knots.front().device_ref);
+        if (dd > 0) {
+          const auto dh = static_cast<long double>(
+              time_diff(knots.back().to_host(knots.back().device_ref),
+                        knots.front().to_host(knots.front().device_ref)));
+          summary.ns_per_tick = dh / static_cast<long double>(dd);
+        }
+        rs.model = TraceClockModel{src, 0, summary.to_abi()};
+      } else {
+        auto m = options.fit ? options.fit(samples) : least_squares_sync_fit(samples);
+        if (!m.is_ok()) {
+          return Status(m.status().code(),
+                        fmt::format("{}: resync of source {}: {}", path, src, m.status().message()));
+        }
+        m->source = src;
+        rs.model = m.value();
       }
-      m->source = src;
-      models[src] = m.value();
+      models[src] = std::move(rs);
     }
   }
   Analyzer a(r, options.resync ? &models : nullptr);

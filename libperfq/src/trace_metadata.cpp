@@ -108,6 +108,7 @@ std::string trace_metadata_to_json(const TraceMetadata& m) {
     js["pci_address"] = s.pci_address;
     js["link"] = s.link;
     js["clock_hz"] = s.clock_hz;
+    js["timer_hz"] = s.timer_hz;
     json events = json::array();
     for (const auto& e : s.events) events.push_back({{"event", e.event}, {"kind", e.kind}, {"name", e.name}});
     js["events"] = std::move(events);
@@ -145,6 +146,7 @@ Result<TraceMetadata> trace_metadata_from_json(const std::string& text) {
         s.pci_address = js.value("pci_address", "");
         s.link = js.value("link", "");
         s.clock_hz = js.value("clock_hz", uint64_t{0});
+        s.timer_hz = js.value("timer_hz", uint64_t{0});
         if (js.contains("events")) {
           for (const auto& je : js.at("events")) {
             s.events.push_back({je.at("event").get<uint32_t>(), je.at("kind").get<uint16_t>(),

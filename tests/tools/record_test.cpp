@@ -17,7 +17,7 @@ TEST_CASE("perfqctl record: every device record lands in the trace, synchronized
   const std::string trace = shm.path() + ".trace";
   Child dev({kBin + "/perfq-devsim", "--region", shm.path(), "--create", "--workers", "2",
              "--rate", "10000", "--duration", "3", "--clock-offset-ns", "-987654321",
-             "--clock-drift-ppm", "-40"});
+             "--clock-drift-ppm", "-40", "--timer-hz", "25000000"});
   REQUIRE(dev.started());
   // The recorder waits for the device and stops when it stops.
   Child rec({kBin + "/perfqctl", "record", "--device", "shm:" + shm.path(), "-o", trace});
@@ -39,8 +39,20 @@ TEST_CASE("perfqctl record: every device record lands in the trace, synchronized
   CHECK(js["lost"]["device"] == 0);
   CHECK(js["causality_violations"] == 0);
   // The model found the device clock's drift (host vs device: opposite sign).
-  CHECK(std::abs(js["sync"]["drift_ppm"].get<double>() - 40.0) < 1.0);
+  CHECK(std::abs(js["sync"]["drift_ppm"].get<double>() - 40.0) < 2.0);
   CHECK(js["sync"]["uncertainty_ns"].get<double>() < 100'000);
+
+  // The offline whole-recording model agrees (the timer runs at 25 MHz, the
+  // device clock at 1 GHz: resync must use both nominal rates).
+  Child rs({kBin + "/perfqctl", "report", trace, "--json", "--resync"});
+  REQUIRE(rs.wait(std::chrono::seconds(60)));
+  INFO("report --resync stderr: " << rs.err());
+  REQUIRE(rs.exit_code() == 0);
+  auto rj = nlohmann::json::parse(rs.out());
+  CHECK(rj["records"]["device"] == devjs["emitted"]);
+  CHECK(std::abs(rj["sync"]["drift_ppm"].get<double>() - 40.0) < 2.0);
+  CHECK(std::abs(rj["sync"]["offset_ns"].get<double>() - js["sync"]["offset_ns"].get<double>()) <
+        100'000);
   ::unlink(trace.c_str());
 }
 

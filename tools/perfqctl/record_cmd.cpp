@@ -75,6 +75,7 @@ int run_record(const RecordOptions& o) {
   src.kind = TraceSourceKind::kDevice;
   src.name = region.device_name();
   src.clock_hz = region.header().device_clock_hz;
+  src.timer_hz = region.header().timer_hz;
   auto dict = read_dictionary(region);
   if (!dict) return fail(o.device + ": " + dict.status().message());
   for (const auto& e : *dict)

@@ -71,10 +71,14 @@ Result<TraceClockModel> least_squares_sync_fit(std::span<const TraceSyncSample> 
 int64_t apply_sync_model(const perfq_sync_model& m, uint64_t device_time);
 
 struct TraceReportOptions {
-  // Recompute the host time of every device-clock record with one model per
-  // device fitted over all its sync samples (needs a second pass).
+  // Recompute the host time of every device-clock record with the offline
+  // whole-recording model of each device (needs a second pass).  Without a
+  // custom `fit`, that is perfq/sync.h's fit_offline_rounds (piecewise:
+  // steps start segments), with the device's nominal clock and timer rates
+  // from the metadata; least_squares_sync_fit is the fallback when that
+  // cannot fit (too few rounds).
   bool resync = false;
-  OfflineSyncFit fit = least_squares_sync_fit;
+  OfflineSyncFit fit;  // a custom single-model fit, or empty
 };
 
 struct ReportStream {

@@ -77,6 +77,7 @@ struct TraceSource {
   std::string pci_address;   // device: "0000:03:00.0" when known
   std::string link;          // device: "Gen4 x8" when known
   uint64_t clock_hz = 0;     // device: nominal rate of its clock D
+  uint64_t timer_hz = 0;     // device: nominal rate of its timer register R (0: unknown)
   std::vector<TraceEventInfo> events;  // the source's event dictionary
   bool operator==(const TraceSource&) const = default;
 
