@@ -46,21 +46,35 @@ void BM_bare_store(benchmark::State& state) {
 }
 BENCHMARK(BM_bare_store);
 
+// A consumer thread draining the ring in batches until destroyed.
+class DrainingConsumer {
+ public:
+  explicit DrainingConsumer(HeapRing<perfq_record>& ring)
+      : thread_([this, c = ring.consumer()]() mutable {
+          while (!stop_.load(std::memory_order_relaxed)) {
+            auto s = c.peek(kBatch);
+            if (s.empty()) {
+              std::this_thread::yield();
+              continue;
+            }
+            c.release(s.size());
+          }
+        }) {}
+  ~DrainingConsumer() {
+    stop_ = true;
+    thread_.join();
+  }
+
+ private:
+  std::atomic<bool> stop_{false};
+  std::thread thread_;
+};
+
 // The producer's cost with a real consumer draining on another thread.
 void BM_ring_push(benchmark::State& state) {
   HeapRing<perfq_record> ring(kCapacity);
   auto p = ring.producer();
-  std::atomic<bool> stop{false};
-  std::thread consumer([&, c = ring.consumer()]() mutable {
-    while (!stop.load(std::memory_order_relaxed)) {
-      auto s = c.peek(kBatch);
-      if (s.empty()) {
-        std::this_thread::yield();
-        continue;
-      }
-      c.release(s.size());
-    }
-  });
+  DrainingConsumer consumer(ring);
   uint64_t i = 0, full = 0;
   for (auto _ : state) {
     if (p.try_push(make_record(i)))
@@ -68,8 +82,6 @@ void BM_ring_push(benchmark::State& state) {
     else
       ++full;
   }
-  stop = true;
-  consumer.join();
   state.SetItemsProcessed(static_cast<int64_t>(i + full));
   state.counters["full_pct"] = 100.0 * static_cast<double>(full) / static_cast<double>(i + full);
 }
@@ -78,17 +90,7 @@ BENCHMARK(BM_ring_push);
 void BM_ring_batch_push(benchmark::State& state) {
   HeapRing<perfq_record> ring(kCapacity);
   auto p = ring.producer();
-  std::atomic<bool> stop{false};
-  std::thread consumer([&, c = ring.consumer()]() mutable {
-    while (!stop.load(std::memory_order_relaxed)) {
-      auto s = c.peek(kBatch);
-      if (s.empty()) {
-        std::this_thread::yield();
-        continue;
-      }
-      c.release(s.size());
-    }
-  });
+  DrainingConsumer consumer(ring);
   uint64_t i = 0;
   for (auto _ : state) {
     auto w = p.reserve(64);
@@ -96,8 +98,6 @@ void BM_ring_batch_push(benchmark::State& state) {
     p.commit(w.size());
     i += w.size();
   }
-  stop = true;
-  consumer.join();
   state.SetItemsProcessed(static_cast<int64_t>(i));
 }
 BENCHMARK(BM_ring_batch_push);
