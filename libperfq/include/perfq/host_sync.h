@@ -34,7 +34,7 @@ struct HostSyncOptions {
   // this device (preempted on a busy machine) is kept for the offline fit
   // but not fed to the online model: it is used only when its uncertainty is
   // at most max(gate_floor_ns, gate_factor x the median of recent rounds).
-  double gate_floor_ns = 20'000;
+  double gate_floor_ns = 2'000;
   double gate_factor = 4;
 };
 
