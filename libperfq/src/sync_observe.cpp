@@ -219,14 +219,29 @@ Result<SyncObservation> make_paired_observation(std::span<const perfq_clock_samp
                                                 const ClockRates& rates,
                                                 const SelectionConfig& sel, uint32_t round) {
   if (host.size() != dev.size()) return make_observation(host, dev, rates, sel, round);
+  // A pair is only as good as it is close in time: if the device was
+  // preempted between answering read i and taking sample i, R's own rate
+  // error (up to the 1000 ppm a device may drift) acts over that gap.  The
+  // gap is measured in R (R2 of the read against the device sample's R
+  // midpoint) and counts in the pair's delay and uncertainty.
+  constexpr double kMaxRateError = 1e-3;
   std::vector<SyncObservation> obs;
+  std::vector<double> gap_cost;
   obs.reserve(host.size());
   for (size_t i = 0; i < host.size(); ++i) {
     auto o = make_observation(std::span(&host[i], 1), std::span(&dev[i], 1), rates, sel, round);
-    if (o) obs.push_back(*o);
+    if (!o) continue;
+    const uint64_t r1 = dev[i].before + (dev[i].after - dev[i].before) / 2;
+    const double gap_ns = std::fabs(static_cast<double>(time_diff(r1, host[i].value))) *
+                          static_cast<double>(rates.timer_ns_per_tick());
+    o->uncertainty_ns += gap_ns * kMaxRateError;
+    gap_cost.push_back(gap_ns * kMaxRateError);
+    obs.push_back(*o);
   }
   if (obs.empty()) return make_observation(host, dev, rates, sel, round);
-  auto delay = [](const SyncObservation& o) { return o.host_delay_ns + o.device_delay_ns; };
+  auto delay = [&](const SyncObservation& o) {
+    return o.host_delay_ns + o.device_delay_ns + gap_cost[static_cast<size_t>(&o - obs.data())];
+  };
   double best = delay(obs[0]);
   for (const auto& o : obs) best = std::min(best, delay(o));
   const double limit = best + std::max(sel.margin_ns, sel.margin_frac * best);
