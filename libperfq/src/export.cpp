@@ -13,6 +13,7 @@
 #include <fmt/format.h>
 
 #include "perfq/trace.h"
+#include "job_roles.h"
 
 namespace perfq {
 
@@ -73,7 +74,6 @@ class OutFile {
   std::vector<char> buf_;
 };
 
-enum JobRole : int { kNoRole = -1, kSubmit = 0, kStart = 1, kEnd = 2, kComplete = 3 };
 
 // Names and job roles of events, looked up once per (source, event).
 class Names {
@@ -93,11 +93,7 @@ class Names {
       const TraceSource* s = meta_.find_source(source);
       const TraceEventInfo* e = s ? s->find_event(ev) : nullptr;
       it->second.name = e ? e->name : fmt::format("event_{}", ev);
-      const std::string& n = it->second.name;
-      if (n == "job_submit") it->second.role = kSubmit;
-      if (n == "job_start") it->second.role = kStart;
-      if (n == "job_end") it->second.role = kEnd;
-      if (n == "job_complete") it->second.role = kComplete;
+      it->second.role = job_role(it->second.name);
     }
     return it->second;
   }

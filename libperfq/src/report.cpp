@@ -11,6 +11,7 @@
 #include <fmt/format.h>
 
 #include "perfq/sync.h"
+#include "job_roles.h"
 
 namespace perfq {
 
@@ -193,7 +194,6 @@ Result<TraceClockModel> least_squares_sync_fit(std::span<const TraceSyncSample> 
 
 namespace {
 
-enum JobRole : uint8_t { kNoRole = 0xff, kSubmit = 0, kStart = 1, kEnd = 2, kComplete = 3 };
 
 uint32_t stream_key(uint16_t source, uint16_t stream) {
   return (uint32_t{source} << 16) | stream;
@@ -355,11 +355,7 @@ class Analyzer : public TraceVisitor {
       const TraceSource* s = r_.metadata.find_source(source);
       const TraceEventInfo* e = s ? s->find_event(event) : nullptr;
       it->second.name = e ? e->name : fmt::format("event_{}", event);
-      const std::string& n = it->second.name;
-      if (n == "job_submit") it->second.role = kSubmit;
-      if (n == "job_start") it->second.role = kStart;
-      if (n == "job_end") it->second.role = kEnd;
-      if (n == "job_complete") it->second.role = kComplete;
+      it->second.role = job_role(it->second.name);
     }
     return it->second;
   }
