@@ -18,6 +18,17 @@ PACKAGES=(
   libzstd-dev
   babeltrace2
   protobuf-compiler
+  libspdlog-dev
+  libsystemd-dev
+  # The driver and its QEMU scenarios: the guest kernel, its headers, the
+  # emulator and what the initramfs is built from.
+  linux-image-amd64
+  linux-headers-amd64
+  qemu-system-x86
+  busybox-static
+  cpio
+  kmod
+  python3
 )
 
 missing=()

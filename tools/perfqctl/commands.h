@@ -14,5 +14,7 @@ inline constexpr int kExitUsage = 2;
 void add_report_command(CLI::App& app, int& exit_code);
 void add_export_command(CLI::App& app, int& exit_code);
 void add_record_command(CLI::App& app, int& exit_code);
+// start, stop, status, devices (perfq-daemon's control socket)
+void add_control_commands(CLI::App& app, int& exit_code);
 
 }  // namespace perfqctl

@@ -6,9 +6,10 @@
 #include "commands.h"
 
 int main(int argc, char** argv) {
-  CLI::App app{"perfqctl: record, analyse and export perfq traces"};
+  CLI::App app{"perfqctl: drive perfq-daemon (start, stop, status, devices) and analyse traces (report, export)"};
   app.require_subcommand(1);
   int exit_code = perfqctl::kExitOk;
+  perfqctl::add_control_commands(app, exit_code);
   perfqctl::add_record_command(app, exit_code);
   perfqctl::add_report_command(app, exit_code);
   perfqctl::add_export_command(app, exit_code);

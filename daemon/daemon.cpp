@@ -1,0 +1,384 @@
+#include "daemon.h"
+
+#include <glob.h>
+#include <grp.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <spdlog/spdlog.h>
+
+#include "perfq/device.h"
+#include "perfq/device_clock.h"
+#include "perfq/transport.h"
+
+namespace perfqd {
+
+using namespace perfq;
+using nlohmann::json;
+
+namespace {
+
+int64_t now_ns() { return static_cast<int64_t>(monotonic_ns()); }
+
+json error(const std::string& msg) { return {{"ok", false}, {"error", msg}}; }
+
+HostAppsOptions apps_options(const DaemonConfig& c) {
+  HostAppsOptions o;
+  o.ring_records = c.ring_records;
+  return o;
+}
+
+// Host records may trail the collector's pass by this much (a thread
+// preempted between taking its timestamp and publishing its record).
+constexpr int64_t kHostGraceNs = 10'000'000;
+constexpr size_t kHostDrainPerRing = 4096;
+
+}  // namespace
+
+std::string Peer::describe() const {
+  return "uid " + std::to_string(cred.uid) + " (pid " + std::to_string(cred.pid) + ")";
+}
+
+Daemon::Daemon(DaemonConfig config)
+    : config_(std::move(config)), started_ns_(now_ns()), apps_(apps_options(config_)) {
+  collector_ = std::thread([this] { collector_main(); });
+}
+
+Daemon::~Daemon() {
+  shutdown();
+  quit_ = true;
+  if (collector_.joinable()) collector_.join();
+}
+
+DaemonConfig Daemon::config() const {
+  std::lock_guard lock(config_mu_);
+  return config_;
+}
+
+bool Daemon::privileged(const Peer& p) const {
+  if (p.cred.uid == 0 || p.cred.uid == geteuid()) return true;
+  const std::string group = config().group;
+  if (group.empty()) return false;
+  struct group gr{}, *found = nullptr;
+  std::vector<char> buf(16384);
+  if (getgrnam_r(group.c_str(), &gr, buf.data(), buf.size(), &found) != 0 || !found) return false;
+  if (p.cred.gid == found->gr_gid) return true;
+  return std::find(p.groups.begin(), p.groups.end(), found->gr_gid) != p.groups.end();
+}
+
+Status Daemon::adopt_app(UniqueFd fd, const json& hello, const Peer& peer) {
+  return apps_.adopt(std::move(fd), hello, peer.cred);
+}
+
+json Daemon::handle(const json& req, const Peer& peer,
+                    const std::function<void(const json&)>& progress) {
+  const std::string cmd = req.value("cmd", "");
+  try {
+    if (cmd == "status") return status();
+    if (cmd == "devices") return devices();
+    if (cmd == "start" || cmd == "stop") {
+      if (!privileged(peer)) {
+        spdlog::warn("refused {} from {}: not root nor in group {}", cmd, peer.describe(),
+                     config().group);
+        return error("permission denied: " + cmd + " needs root or membership in the '" +
+                     config().group + "' group (you are " + peer.describe() + ")");
+      }
+      std::lock_guard lock(control_mu_);
+      return cmd == "start" ? start(req, peer) : stop(progress, false);
+    }
+    if (cmd == "ping") return {{"ok", true}, {"pid", getpid()}};
+  } catch (const json::exception& e) {
+    return error(std::string("bad request: ") + e.what());
+  }
+  return error("unknown command '" + cmd + "' (commands: start, stop, status, devices, ping)");
+}
+
+json Daemon::start(const json& req, const Peer& peer) {
+  {
+    std::lock_guard lock(rec_mu_);
+    if (rec_)
+      return error("a recording is already running (writing " + rec_->options().output +
+                   "); stop it first with `perfqctl stop`");
+  }
+  const DaemonConfig c = config();
+  RecordingOptions o;
+  if (!req.contains("output") || !req["output"].is_string())
+    return error("start: \"output\" (the trace file's absolute path) is required");
+  o.output = req["output"].get<std::string>();
+  if (o.output.empty() || o.output[0] != '/')
+    return error("start: output '" + o.output + "' must be an absolute path");
+  if (req.contains("devices")) {
+    for (const auto& d : req.at("devices")) o.devices.push_back(d.get<std::string>());
+  } else {
+    o.devices = c.devices;
+  }
+  o.sync_interval_ms = req.value("sync_interval_ms", c.sync_interval_ms);
+  if (o.sync_interval_ms < 1 || o.sync_interval_ms > 60000)
+    return error("start: sync_interval_ms must be within 1..60000");
+  const std::string mode = req.value("sync_mode", c.sync_mode);
+  if (mode != "a" && mode != "b") return error("start: sync_mode must be \"a\" or \"b\"");
+  o.sync_mode = mode == "b" ? PERFQ_SYNC_MODE_B : PERFQ_SYNC_MODE_A;
+  o.duration_s = req.value("duration_s", 0.0);
+  if (o.duration_s < 0 || o.duration_s > 1e7) return error("start: bad duration_s");
+  o.ring_records = c.ring_records;
+  o.device_grace_ns = static_cast<int64_t>(c.device_latency_ms) * 1'000'000;
+  o.host_grace_ns = kHostGraceNs;
+  o.merge.max_delay_ns = static_cast<int64_t>(c.max_delay_ms) * 1'000'000;
+  o.merge.stream_timeout_ns = static_cast<int64_t>(c.stream_timeout_ms) * 1'000'000;
+  o.writer.compress = c.compress;
+  o.writer.zstd_level = c.zstd_level;
+  o.owner_uid = peer.cred.uid;
+  o.owner_gid = peer.cred.gid;
+  o.requested_by = peer.describe();
+
+  apps_.set_recording(true);
+  auto rec = Recording::start(o);
+  if (!rec) {
+    apps_.set_recording(false);
+    spdlog::warn("start refused: {}", rec.status().message());
+    return error(rec.status().message());
+  }
+  std::shared_ptr<Recording> r = std::move(rec.value());
+  {
+    std::lock_guard lock(rec_mu_);
+    r->set_host_start(now_ns());
+    rec_ = r;
+    last_collected_ = true;
+  }
+  spdlog::info("recording to {} ({} device(s), sync every {} ms, mode {}{}) for {}", o.output,
+               o.devices.size(), o.sync_interval_ms, mode,
+               o.duration_s > 0 ? ", " + std::to_string(o.duration_s) + " s" : "",
+               peer.describe());
+  json devs = json::array();
+  for (const auto& d : o.devices) devs.push_back(d);
+  return {{"ok", true}, {"output", o.output}, {"devices", devs}, {"start_ns", r->start_ns()},
+          {"duration_s", o.duration_s}};
+}
+
+json Daemon::stop(const std::function<void(const json&)>& progress, bool automatic) {
+  std::shared_ptr<Recording> rec;
+  {
+    std::lock_guard lock(rec_mu_);
+    rec = rec_;
+    if (!rec) {
+      if (!automatic && !last_collected_ && !last_.is_null()) {
+        last_collected_ = true;
+        json j = last_;
+        j["ok"] = true;
+        j["note"] = "the recording had already stopped: " + last_.value("stop_reason", "");
+        return j;
+      }
+      return error("no recording is running (start one with `perfqctl start`)");
+    }
+  }
+  // Let the collector pass everything stored so far, then detach it.
+  collector_sync();
+  {
+    std::lock_guard lock(rec_mu_);
+    rec_.reset();
+  }
+  apps_.set_recording(false);
+  collector_sync();  // no pass still holds the recording
+  const std::string reason =
+      automatic ? (rec->status().contains("error") ? "the trace file failed"
+                                                   : "its duration elapsed")
+                : "perfqctl stop";
+  json j = rec->stop(progress);
+  j["ok"] = true;
+  j["stop_reason"] = reason;
+  std::lock_guard lock(rec_mu_);
+  last_ = j;
+  last_collected_ = !automatic;
+  return j;
+}
+
+void Daemon::tick() {
+  std::shared_ptr<Recording> rec;
+  {
+    std::lock_guard lock(rec_mu_);
+    rec = rec_;
+  }
+  if (rec && rec->wants_stop()) {
+    std::unique_lock lock(control_mu_, std::try_to_lock);
+    if (!lock) return;  // a start/stop is under way; look again later
+    std::shared_ptr<Recording> again;
+    {
+      std::lock_guard l2(rec_mu_);
+      again = rec_;
+    }
+    if (again == rec) stop({}, true);
+  }
+}
+
+void Daemon::shutdown() {
+  std::lock_guard lock(control_mu_);
+  bool running;
+  {
+    std::lock_guard l2(rec_mu_);
+    running = rec_ != nullptr;
+  }
+  if (running) {
+    spdlog::info("stopping the recording before exit");
+    stop({}, true);
+  }
+}
+
+void Daemon::reload(const DaemonConfig& c) {
+  std::lock_guard lock(config_mu_);
+  if (c.socket != config_.socket)
+    spdlog::warn("reload: the socket path changes only at restart (still {})", config_.socket);
+  const std::string socket = config_.socket;
+  config_ = c;
+  config_.socket = socket;
+  spdlog::info("reloaded the configuration from {}", c.config_file);
+}
+
+json Daemon::status() const {
+  json j = {{"ok", true}};
+  const DaemonConfig c = config();
+  j["daemon"] = {{"pid", getpid()},
+                 {"version", PERFQ_VERSION_STRING},
+                 {"uptime_s", static_cast<double>(now_ns() - started_ns_) / 1e9},
+                 {"socket", c.socket},
+                 {"devices", c.devices},
+                 {"apps", apps_.apps()}};
+  std::shared_ptr<Recording> rec;
+  {
+    std::lock_guard lock(rec_mu_);
+    rec = rec_;
+    j["last"] = last_;
+  }
+  j["recording"] = rec ? rec->status() : json(nullptr);
+  json streams = json::array();
+  for (const auto& s : apps_.stats())
+    streams.push_back({{"source", s.source},
+                       {"stream", s.stream},
+                       {"pid", s.pid},
+                       {"tid", s.tid},
+                       {"app", s.app},
+                       {"thread", s.thread},
+                       {"records", s.records},
+                       {"bytes", s.records * sizeof(perfq_record)},
+                       {"lost", s.lost},
+                       {"ring_fill", s.fill},
+                       {"ring_capacity", s.capacity},
+                       {"alive", s.alive}});
+  j["app_streams"] = streams;
+  return j;
+}
+
+json Daemon::devices() const {
+  const DaemonConfig c = config();
+  std::vector<std::string> specs = c.devices;
+  glob_t g{};
+  if (glob("/dev/perfq[0-9]*", 0, nullptr, &g) == 0)
+    for (size_t i = 0; i < g.gl_pathc; ++i)
+      if (std::find(specs.begin(), specs.end(), g.gl_pathv[i]) == specs.end())
+        specs.push_back(g.gl_pathv[i]);
+  globfree(&g);
+  std::shared_ptr<Recording> rec;
+  {
+    std::lock_guard lock(rec_mu_);
+    rec = rec_;
+  }
+  json list = json::array();
+  for (const auto& spec : specs) {
+    json d = {{"device", spec},
+              {"configured", std::find(c.devices.begin(), c.devices.end(), spec) !=
+                                 c.devices.end()}};
+    if (rec) {
+      const auto& rd = rec->options().devices;
+      d["recording"] = std::find(rd.begin(), rd.end(), spec) != rd.end();
+    }
+    auto t = open_transport(spec);
+    if (!t) {
+      d["state"] = "unavailable";
+      d["error"] = t.status().message();
+    } else {
+      const Region& r = t.value()->region();
+      const auto st = device_state(r);
+      d["state"] = st == PERFQ_DEVICE_RUNNING   ? "running"
+                   : st == PERFQ_DEVICE_STOPPED ? "stopped"
+                                                : "init";
+      d["name"] = r.device_name();
+      d["ring_capacity"] = r.ring_capacity();
+      d["region_size"] = r.size();
+      d["clock_hz"] = r.header().device_clock_hz;
+      d["timer_hz"] = r.header().timer_hz;
+      d["abi_version"] = r.header().abi_version;
+    }
+    list.push_back(d);
+  }
+  return {{"ok", true}, {"devices", list}};
+}
+
+void Daemon::collector_sync() {
+  // Two full passes requested one after the other: the second surely began
+  // after this call (the first may have been under way already).
+  std::unique_lock lock(pass_mu_);
+  for (int i = 0; i < 2; ++i) {
+    const uint64_t target = passes_done_ + 1;
+    pass_wanted_ = true;
+    pass_cv_.notify_all();
+    if (!pass_cv_.wait_for(lock, std::chrono::seconds(5),
+                           [&] { return passes_done_ >= target && !pass_wanted_; }))
+      spdlog::warn("the host collector did not finish a pass in 5 s");
+  }
+}
+
+void Daemon::collector_main() {
+  Backoff busy(std::chrono::microseconds(2000));
+  std::map<uint16_t, TraceSource> sources;  // every source seen, for new recordings
+  std::shared_ptr<Recording> attached;      // the recording the collector last fed
+  while (!quit_) {
+    std::shared_ptr<Recording> rec;
+    {
+      std::lock_guard lock(rec_mu_);
+      rec = rec_;
+    }
+    if (rec && rec != attached) {
+      std::vector<TraceSource> all;
+      for (const auto& [id, s] : sources) all.push_back(s);
+      rec->on_host_sources(all);
+    }
+    attached = rec;
+    // A full pass (asked for by a stop) empties every ring of what it held
+    // when the pass began.
+    const bool full = pass_wanted_.exchange(false);
+    const int64_t t0 = now_ns();
+    size_t n = apps_.drain(
+        [&](uint16_t source, std::span<const perfq_record> recs) {
+          if (rec) rec->on_host_records(source, recs);
+        },
+        full ? SIZE_MAX : kHostDrainPerRing);
+    auto changed = apps_.take_changed_sources();
+    for (const auto& s : changed) sources[s.id] = s;
+    auto losses = apps_.take_losses(t0);
+    if (rec) {
+      rec->on_host_sources(changed);
+      if (!losses.empty()) rec->on_host_losses(losses);
+      rec->on_host_idle(full || n < kHostDrainPerRing ? t0 - kHostGraceNs : INT64_MIN);
+    }
+    rec.reset();
+    if (full) {
+      std::lock_guard lock(pass_mu_);
+      ++passes_done_;
+    }
+    pass_cv_.notify_all();
+    if (n > 0 || pass_wanted_.load()) {
+      busy.reset();
+      continue;
+    }
+    if (attached) {
+      busy.wait();
+    } else {
+      // No recording: look for new applications and drop what they write
+      // a few times a second at most.
+      std::unique_lock lock(pass_mu_);
+      pass_cv_.wait_for(lock, std::chrono::milliseconds(20), [&] { return pass_wanted_.load() || quit_.load(); });
+    }
+  }
+}
+
+}  // namespace perfqd

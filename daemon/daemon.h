@@ -1,0 +1,86 @@
+// perfq-daemon's state: the host application registry and its collector
+// thread, the current recording, and the control requests that act on them.
+//
+// Threading: handle() and adopt_app() from any connection thread; the
+// daemon's own mutex serializes start/stop.  tick() from the main thread.
+#pragma once
+
+#include <sys/socket.h>
+
+#include <atomic>
+#include <condition_variable>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <thread>
+
+#include "config.h"
+#include "perfq/host_apps.h"
+#include "perfq/mapping.h"
+#include "recording.h"
+
+namespace perfqd {
+
+// Who sent a request (SO_PEERCRED and SO_PEERGROUPS of the connection).
+struct Peer {
+  ucred cred{};
+  std::vector<gid_t> groups;
+  std::string describe() const;
+};
+
+class Daemon {
+ public:
+  explicit Daemon(DaemonConfig config);
+  ~Daemon();
+
+  // One control request; `progress` sends an interim line to the client.
+  nlohmann::json handle(const nlohmann::json& req, const Peer& peer,
+                        const std::function<void(const nlohmann::json&)>& progress);
+  // An application's connection (its first line was app_hello).
+  perfq::Status adopt_app(perfq::UniqueFd fd, const nlohmann::json& hello, const Peer& peer);
+
+  // Main thread, a few times a second: stops a recording whose duration
+  // elapsed or whose file failed.
+  void tick();
+  // SIGHUP: new settings for the next recordings and the log level.
+  void reload(const DaemonConfig& c);
+  // SIGTERM: stop the recording cleanly (returns when the trace is closed).
+  void shutdown();
+
+  DaemonConfig config() const;
+  bool privileged(const Peer& p) const;
+
+ private:
+  nlohmann::json start(const nlohmann::json& req, const Peer& peer);
+  nlohmann::json stop(const std::function<void(const nlohmann::json&)>& progress, bool automatic);
+  nlohmann::json status() const;
+  nlohmann::json devices() const;
+  void collector_main();
+  // Waits until the collector has finished a pass that began after this
+  // call, so every host record stored before it has reached the recording.
+  void collector_sync();
+
+  mutable std::mutex config_mu_;
+  DaemonConfig config_;
+  const int64_t started_ns_;
+
+  perfq::HostApps apps_;
+
+  // The recording, shared with the collector thread.
+  mutable std::mutex rec_mu_;
+  std::shared_ptr<Recording> rec_;
+  nlohmann::json last_;           // summary of the last stopped recording
+  bool last_collected_ = true;    // a `stop` has returned it
+  std::mutex control_mu_;         // one start/stop at a time
+
+  std::thread collector_;
+  std::atomic<bool> quit_{false};
+  std::mutex pass_mu_;
+  std::condition_variable pass_cv_;
+  uint64_t passes_done_ = 0;
+  std::atomic<bool> pass_wanted_{false};
+};
+
+}  // namespace perfqd

@@ -1,0 +1,729 @@
+#include "recording.h"
+
+#include <sys/fsuid.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <spdlog/spdlog.h>
+
+#include "perfq/device.h"
+#include "perfq/device_clock.h"
+#include "perfq/drain.h"
+#include "perfq/host_sync.h"
+#include "perfq/sync.h"
+#include "perfq/transport.h"
+
+namespace perfqd {
+
+using namespace perfq;
+using nlohmann::json;
+
+namespace {
+
+int64_t now_ns() { return static_cast<int64_t>(monotonic_ns()); }
+
+// Device records waiting for a first clock model are held, up to this many;
+// beyond it they are counted as lost (the device cannot be synchronized).
+constexpr size_t kMaxUnconverted = 1 << 20;
+constexpr size_t kDrainBatch = 16384;
+
+}  // namespace
+
+// ---------------------------------------------------------------------------
+// One device of a recording: its drain thread and its sync thread.
+
+class DeviceRecorder {
+ public:
+  DeviceRecorder(Recording& rec, uint16_t source, std::unique_ptr<DeviceTransport> dev)
+      : rec_(rec), source_(source), dev_(std::move(dev)) {}
+  ~DeviceRecorder() { stop(); }
+
+  TraceSource describe() const {
+    const Region& region = dev_->region();
+    TraceSource src;
+    src.id = source_;
+    src.kind = TraceSourceKind::kDevice;
+    src.name = region.device_name();
+    src.clock_hz = region.header().device_clock_hz;
+    src.timer_hz = region.header().timer_hz;
+    if (auto dict = read_dictionary(region))
+      for (const auto& e : *dict) src.events.push_back({e.event, static_cast<uint16_t>(e.kind), e.name});
+    return src;
+  }
+
+  void start(const RecordingOptions& o) {
+    opts_ = o;
+    input_ = rec_.merger().add_input(dev_->spec(), now_ns() - o.device_grace_ns);
+    HostSyncOptions so;
+    so.mode = o.sync_mode;
+    sync_ = std::make_unique<HostSync>(*dev_, so);
+    sync_thread_ = std::thread([this] { sync_main(); });
+    drain_thread_ = std::thread([this] { drain_main(); });
+  }
+
+  void stop() {
+    {
+      std::lock_guard lock(wake_mu_);
+      stop_ = true;
+    }
+    wake_.notify_all();
+    if (drain_thread_.joinable()) drain_thread_.join();
+    if (sync_thread_.joinable()) sync_thread_.join();
+  }
+
+  json status() const {
+    std::lock_guard lock(mu_);
+    json streams = json::array();
+    for (const auto& [id, a] : accounts_)
+      streams.push_back({{"stream", id},
+                         {"records", a.received},
+                         {"bytes", a.received * sizeof(perfq_record)},
+                         {"lost", a.lost_reported + a.gap_records}});
+    const Region& region = dev_->region();
+    const uint64_t tail = load_acquire(&region.host_ctrl()->tail_mirror);
+    const uint64_t fill = tail >= consumed_ ? tail - consumed_ : 0;
+    const double secs = std::max(1e-9, static_cast<double>(now_ns() - started_ns_) / 1e9);
+    json sync = {{"mode", opts_.sync_mode == PERFQ_SYNC_MODE_B ? "b" : "a"},
+                 {"rounds", rounds_},
+                 {"failed_rounds", failed_rounds_},
+                 {"synchronized", has_model_}};
+    if (has_model_) {
+      sync["offset_ns"] = offset_ns_;
+      sync["drift_ppm"] = drift_ppm_;
+      sync["uncertainty_ns"] = uncertainty_ns_;
+      sync["last_round_ago_ms"] = static_cast<double>(now_ns() - last_round_ns_) / 1e6;
+    }
+    if (!last_sync_error_.empty()) sync["last_error"] = last_sync_error_;
+    json j = {{"source", source_},
+              {"device", dev_->spec()},
+              {"name", region.device_name()},
+              {"state", state_},
+              {"records", records_},
+              {"bytes", records_ * sizeof(perfq_record)},
+              {"lost", lost_},
+              {"invalid", invalid_},
+              {"waiting_for_clock", unconverted_},
+              {"ring_fill", fill},
+              {"ring_capacity", region.ring_capacity()},
+              {"rate_per_s", static_cast<double>(records_) / secs},
+              {"streams", streams},
+              {"sync", sync}};
+    if (!error_.empty()) j["error"] = error_;
+    return j;
+  }
+
+  // The drain has ended: the device stopped, went away or failed.
+  bool ended() const {
+    std::lock_guard lock(mu_);
+    return state_ == "finished" || state_ == "gone" || state_ == "failed";
+  }
+
+  bool gone() const {
+    std::lock_guard lock(mu_);
+    return state_ == "gone" || state_ == "failed";
+  }
+
+ private:
+  // The clock model the drain converts with: replaced by the sync thread
+  // after every round the model took in.
+  struct ModelSnapshot {
+    ClockSync sync;
+    uint64_t covered_device = 0;  // device time of the newest observation in it
+    int64_t covered_host = 0;     // its host time
+  };
+  std::shared_ptr<const ModelSnapshot> model() const {
+    std::lock_guard lock(model_mu_);
+    return model_;
+  }
+
+  bool wait_stop_for(std::chrono::nanoseconds d) {
+    std::unique_lock lock(wake_mu_);
+    return wake_.wait_for(lock, d, [this] { return stop_; });
+  }
+  bool stopping() const {
+    std::lock_guard lock(wake_mu_);
+    return stop_;
+  }
+
+  void sync_main() {
+    HostSync& sync = *sync_;
+    while (!stopping()) {
+      if (dev_->gone() || ended()) break;  // nothing left to synchronize
+      auto r = sync.round();
+      if (!r) {
+        if (ended()) break;  // the device stopped during the round
+        std::lock_guard lock(mu_);
+        ++failed_rounds_;
+        last_sync_error_ = r.status().message();
+        // The first failure, then one line per 100 (never a line per round).
+        if (failed_rounds_ % 100 == 1)
+          spdlog::warn("{}: sync round failed ({} so far): {}", dev_->spec(), failed_rounds_,
+                       last_sync_error_);
+      } else {
+        const SyncRound& sr = sync.rounds().back();
+        std::vector<TraceSyncSample> ss;
+        for (size_t i = 0; i < std::min(sr.host.size(), sr.device.size()); ++i)
+          ss.push_back({source_, sr.round, sr.host[i], sr.device[i]});
+        const bool has = sync.sync().has_model();
+        TraceClockModel m{source_, now_ns(), has ? sync.sync().current().to_abi() : perfq_sync_model{}};
+        rec_.queue_sync(std::move(ss), has ? &m : nullptr);
+        const bool taken = r->verdict == ClockSync::Verdict::kAccepted ||
+                           r->verdict == ClockSync::Verdict::kNewSegment;
+        if (has && taken) {
+          auto snap = std::make_shared<const ModelSnapshot>(
+              ModelSnapshot{sync.sync(), r->observation.device_time,
+                            static_cast<int64_t>(r->observation.host_ns)});
+          {
+            std::lock_guard lock(model_mu_);
+            model_ = std::move(snap);
+          }
+        }
+        if (has) {
+          const ClockModel& cm = sync.sync().current();
+          std::lock_guard lock(mu_);
+          has_model_ = true;
+          const long double host_at_ref = static_cast<long double>(cm.host_ref) + cm.host_frac;
+          const long double dev_ns =
+              static_cast<long double>(cm.device_ref) * sync.rates().device_ns_per_tick();
+          offset_ns_ = static_cast<double>(host_at_ref - dev_ns);
+          drift_ppm_ = cm.device_drift_ppb(sync.rates()) / 1000.0;
+          uncertainty_ns_ = cm.uncertainty_ns;
+          last_round_ns_ = now_ns();
+        }
+        std::lock_guard lock(mu_);
+        ++rounds_;
+      }
+      wait_stop_for(std::chrono::milliseconds(opts_.sync_interval_ms));
+    }
+    sync_done_ = true;
+  }
+
+  static bool device_domain(const perfq_record& r) {
+    return ((r.flags & PERFQ_FLAGS_DOMAIN_MASK) >> PERFQ_FLAGS_DOMAIN_SHIFT) == PERFQ_CLOCK_DEVICE;
+  }
+
+  // Converts r into out.  A device time is converted once a sync round
+  // after it is in the model (`force`: with whatever model there is), so
+  // the fit brackets it: interpolation, not extrapolation from an older
+  // round (which, while the drift is still being learned, can be off by
+  // more than a job's cross-bus gaps).  The newest fit of the time's own
+  // segment is used; times before the last clock step use the history.
+  bool convert(const perfq_record& r, const ModelSnapshot* m, bool force, TraceRecord* out) const {
+    out->source = source_;
+    out->rec = r;
+    if (!device_domain(r)) {
+      out->time_ns = static_cast<int64_t>(r.time);  // already host time (mode B)
+      return true;
+    }
+    if (!m) return false;
+    if (!force && time_diff(m->covered_device, r.time) < 0) return false;
+    const PiecewiseModel& h = m->sync.history();
+    const int seg = h.segment_for(r.time);
+    const bool current = seg >= 0 && static_cast<size_t>(seg) + 1 == h.segments().size();
+    out->time_ns = static_cast<int64_t>(current ? m->sync.current().to_host(r.time)
+                                                : m->sync.to_host(r.time));
+    return true;
+  }
+
+  // One poll: returns records consumed, or -1 when the drain must end.
+  long poll_once(DeviceDrain& drain, std::vector<perfq_record>& batch,
+                 std::vector<TraceRecord>& out) {
+    const int64_t t0 = now_ns();
+    batch.clear();
+    auto n = drain.poll(batch, kDrainBatch);
+    if (dev_->gone()) {
+      // The mapping was revoked under us: what this poll read is not data.
+      set_state("gone", dev_->spec() + ": the device is gone (removed or reset); the trace "
+                                       "holds everything read before");
+      return -1;
+    }
+    if (!n) {
+      set_state("failed", n.status().message());
+      return -1;
+    }
+    auto model = this->model();
+    const int64_t hold_limit = 3 * static_cast<int64_t>(opts_.sync_interval_ms) * 1'000'000 +
+                               200'000'000;
+    if (model && !held_.empty() && (model != held_model_ || t0 - held_since_ > hold_limit)) {
+      // A newer model (or the wait is over): release what it covers.
+      const bool force = t0 - held_since_ > hold_limit;
+      size_t keep = 0;
+      for (size_t i = 0; i < held_.size(); ++i) {
+        TraceRecord tr;
+        if (convert(held_[i], model.get(), force, &tr))
+          out.push_back(tr);
+        else
+          held_[keep++] = held_[i];
+      }
+      held_.resize(keep);
+      held_model_ = model;
+      held_since_ = t0;
+    }
+    uint64_t dropped = 0;
+    for (const auto& r : batch) {
+      TraceRecord tr;
+      if (convert(r, model.get(), false, &tr)) {
+        out.push_back(tr);
+      } else if (held_.size() < kMaxUnconverted) {
+        if (held_.empty()) held_since_ = t0;
+        held_.push_back(r);
+      } else {
+        ++dropped;
+      }
+    }
+    {
+      std::lock_guard lock(mu_);
+      records_ += batch.size();
+      accounts_ = drain.streams();
+      lost_ = dropped_no_clock_ += dropped;
+      for (const auto& [id, a] : accounts_) lost_ += a.lost_reported + a.gap_records;
+      invalid_ = drain.invalid();
+      consumed_ = drain.consumed();
+      unconverted_ = held_.size();
+    }
+    // Everything up to t0 has been read when the poll came back short; the
+    // device may still hold records up to its collector's latency.
+    // Held records lie after the newest sync observation.
+    const bool caught_up = *n < kDrainBatch;
+    int64_t bound = caught_up ? t0 - opts_.device_grace_ns : INT64_MIN;
+    if (!held_.empty()) bound = model ? std::min(bound, model->covered_host) : INT64_MIN;
+    if (!out.empty() || bound != INT64_MIN) rec_.merger().push(input_, out, bound);
+    return static_cast<long>(*n);
+  }
+
+  void set_state(const std::string& state, const std::string& error) {
+    std::lock_guard lock(mu_);
+    state_ = state;
+    error_ = error;
+    if (!error.empty()) spdlog::error("{}", error);
+  }
+
+  void drain_main() {
+    started_ns_ = now_ns();
+    set_state("recording", "");
+    DeviceDrain drain(dev_->region());
+    std::vector<perfq_record> batch;
+    std::vector<TraceRecord> out;
+    // Idle: back off to 1 ms sleeps; a device at a steady rate is polled as
+    // fast as it fills.
+    Backoff idle(std::chrono::microseconds(1000));
+    bool ended = false;
+    while (!stopping()) {
+      const long n = poll_once(drain, batch, out);
+      if (n < 0) {
+        ended = true;
+        break;
+      }
+      if (n == 0) {
+        if (drain.finished()) {
+          set_state("finished", "");
+          spdlog::info("{}: the device stopped; all it published was read", dev_->spec());
+          ended = true;
+          break;
+        }
+        idle.wait();
+      } else {
+        idle.reset();
+      }
+    }
+    if (!ended) {
+      // Stop: take everything the device already published.
+      for (int i = 0; i < 4096; ++i) {
+        const long n = poll_once(drain, batch, out);
+        if (n <= 0) break;
+      }
+    }
+    // Records waiting for a sync round after them: wait for one (bounded),
+    // then convert what is left with the newest model.
+    if (!held_.empty() && !dev_->gone()) wait_for_cover();
+    if (auto model = this->model(); model && !held_.empty()) {
+      for (const auto& r : held_) {
+        TraceRecord tr;
+        if (convert(r, model.get(), true, &tr)) out.push_back(tr);
+      }
+      held_.clear();
+      rec_.merger().push(input_, out, INT64_MIN);
+    }
+    if (!held_.empty()) {
+      std::lock_guard lock(mu_);
+      error_ = std::to_string(held_.size()) +
+               " device records could not be converted (no clock model: " +
+               (last_sync_error_.empty() ? "too few sync rounds" : last_sync_error_) +
+               "); they are not in the trace";
+      lost_ += held_.size();
+      spdlog::error("{}: {}", dev_->spec(), error_);
+    }
+    {
+      std::lock_guard lock(mu_);
+      if (state_ == "recording") state_ = "stopped";
+    }
+    rec_.merger().close(input_);
+    if (drain.invalid() > 0)
+      spdlog::warn("{}: {} invalid device records dropped; first: {}", dev_->spec(),
+                   drain.invalid(), drain.first_invalid());
+    // Device-side losses for the trace's loss table.
+    for (const auto& [id, a] : drain.streams())
+      if (a.gap_records > 0)
+        rec_.queue_loss({source_, id, TraceLossReason::kSharedQueueFull, a.gap_records, now_ns(),
+                         a.next_index});
+  }
+
+  // Runs rounds of its own (the sync thread has stopped) until one covers
+  // every held record, for at most about a second.
+  void wait_for_cover() {
+    uint64_t newest = held_.front().time;
+    for (const auto& r : held_)
+      if (time_diff(r.time, newest) > 0) newest = r.time;
+    // The sync thread's HostSync, once that thread is done with it.
+    for (int i = 0; i < 400 && !sync_done_; ++i)
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    if (!sync_done_) return;
+    HostSync* sync = sync_.get();
+    const int64_t until = now_ns() + 1'000'000'000;
+    while (now_ns() < until && !dev_->gone()) {
+      auto r = sync->round();
+      if (!r) {
+        if (ended()) return;
+        continue;
+      }
+      if (!sync->sync().has_model()) continue;
+      auto snap = std::make_shared<const ModelSnapshot>(
+          ModelSnapshot{sync->sync(), r->observation.device_time,
+                        static_cast<int64_t>(r->observation.host_ns)});
+      const SyncRound& sr = sync->rounds().back();
+      std::vector<TraceSyncSample> ss;
+      for (size_t i = 0; i < std::min(sr.host.size(), sr.device.size()); ++i)
+        ss.push_back({source_, sr.round, sr.host[i], sr.device[i]});
+      TraceClockModel m{source_, now_ns(), sync->sync().current().to_abi()};
+      rec_.queue_sync(std::move(ss), &m);
+      {
+        std::lock_guard lock(model_mu_);
+        model_ = snap;
+      }
+      if (time_diff(snap->covered_device, newest) >= 0) return;
+    }
+  }
+
+  Recording& rec_;
+  uint16_t source_;
+  std::unique_ptr<DeviceTransport> dev_;
+  RecordingOptions opts_;
+  Merger::Input* input_ = nullptr;
+  std::thread drain_thread_, sync_thread_;
+
+  mutable std::mutex wake_mu_;
+  std::condition_variable wake_;
+  bool stop_ = false;
+
+  mutable std::mutex model_mu_;
+  std::shared_ptr<const ModelSnapshot> model_;
+
+  std::vector<perfq_record> held_;  // drain thread: waiting for a model that covers them
+  std::shared_ptr<const ModelSnapshot> held_model_;
+  int64_t held_since_ = 0;
+  std::unique_ptr<HostSync> sync_;  // the sync thread's; the drain's after it ended
+  std::atomic<bool> sync_done_{false};
+  uint64_t dropped_no_clock_ = 0;                  // drain thread only
+
+  mutable std::mutex mu_;  // guards what status() reads
+  std::string state_ = "starting";
+  std::string error_;
+  std::map<uint16_t, StreamAccount> accounts_;
+  uint64_t records_ = 0, lost_ = 0, invalid_ = 0, consumed_ = 0, unconverted_ = 0;
+  int64_t started_ns_ = now_ns();
+  uint64_t rounds_ = 0, failed_rounds_ = 0;
+  std::string last_sync_error_;
+  bool has_model_ = false;
+  double offset_ns_ = 0, drift_ppm_ = 0, uncertainty_ns_ = 0;
+  int64_t last_round_ns_ = 0;
+};
+
+// ---------------------------------------------------------------------------
+
+Recording::Recording(const RecordingOptions& opts) : opts_(opts), merger_(opts.merge) {}
+
+Recording::~Recording() {
+  // A recording that never started (start() failed) has nothing to stop.
+  if (writer_thread_.joinable() && !stopped_) stop();
+}
+
+namespace {
+
+// Open (create) the trace file with the requesting user's file-system
+// identity, so that a root daemon never writes where that user may not.
+Result<TraceWriter> open_as(const RecordingOptions& o, const TraceMetadata& meta) {
+  const bool switch_id = geteuid() == 0 && o.owner_uid != 0;
+  if (switch_id) {
+    setfsgid(o.owner_gid);
+    setfsuid(o.owner_uid);
+  }
+  auto w = TraceWriter::open(o.output, meta, o.writer);
+  if (switch_id) {
+    setfsuid(0);
+    setfsgid(0);
+  }
+  return w;
+}
+
+}  // namespace
+
+Result<std::unique_ptr<Recording>> Recording::start(const RecordingOptions& o) {
+  std::unique_ptr<Recording> rec(new Recording(o));
+  rec->start_ns_ = now_ns();
+  rec->host_start_ns_ = rec->start_ns_;
+
+  // Devices first: a device that cannot be opened fails the start.
+  std::vector<std::unique_ptr<DeviceTransport>> transports;
+  for (const auto& spec : o.devices) {
+    auto t = open_transport(spec);
+    if (!t) return Status(t.status().code(), spec + ": " + t.status().message());
+    const auto state = device_state(t.value()->region());
+    if (state == PERFQ_DEVICE_STOPPED)
+      return Status(Errc::kUnavailable,
+                    spec + ": the device has stopped (its collector exited); restart it first");
+    transports.push_back(std::move(t.value()));
+  }
+
+  TraceMetadata& meta = rec->metadata_;
+  meta.describe_this_host();
+  meta.options["recorder"] = "perfq-daemon";
+  meta.options["sync_mode"] = o.sync_mode == PERFQ_SYNC_MODE_B ? "b" : "a";
+  meta.options["sync_interval_ms"] = std::to_string(o.sync_interval_ms);
+  meta.options["start_ns"] = std::to_string(rec->start_ns_);
+  if (o.duration_s > 0) meta.options["duration_s"] = std::to_string(o.duration_s);
+  if (o.ring_records) meta.options["host_ring_records"] = std::to_string(o.ring_records);
+  if (!o.requested_by.empty()) meta.options["requested_by"] = o.requested_by;
+  std::string devs;
+  for (const auto& d : o.devices) devs += (devs.empty() ? "" : ",") + d;
+  meta.options["devices"] = devs;
+
+  uint16_t source = 1;
+  for (auto& t : transports) {
+    rec->devices_.push_back(std::make_unique<DeviceRecorder>(*rec, source++, std::move(t)));
+    meta.sources.push_back(rec->devices_.back()->describe());
+  }
+
+  auto w = open_as(o, meta);
+  if (!w) return w.status();
+  rec->writer_ = std::make_unique<TraceWriter>(std::move(w.value()));
+
+  rec->host_input_ = rec->merger_.add_input("host", rec->start_ns_ - o.host_grace_ns);
+  for (auto& d : rec->devices_) d->start(o);
+  rec->writer_thread_ = std::thread([r = rec.get()] { r->writer_main(); });
+  return rec;
+}
+
+void Recording::on_host_sources(const std::vector<TraceSource>& sources) {
+  if (sources.empty()) return;
+  TraceMetadata m;
+  m.sources = sources;
+  {
+    std::lock_guard lock(stats_mu_);
+    for (const auto& s : sources) host_names_[s.id] = s.name;
+  }
+  queue_metadata(m);
+}
+
+void Recording::on_host_records(uint16_t source, std::span<const perfq_record> records) {
+  std::lock_guard lock(stats_mu_);
+  const auto it_name = host_names_.find(source);
+  for (const auto& r : records) {
+    if (static_cast<int64_t>(r.time) < host_start_ns_) {
+      ++before_start_;
+      continue;
+    }
+    TraceRecord tr;
+    tr.source = source;
+    tr.rec = r;
+    tr.time_ns = static_cast<int64_t>(r.time);
+    host_batch_.push_back(tr);
+    auto& hs = host_streams_[{source, r.stream}];
+    if (hs.app.empty() && it_name != host_names_.end()) hs.app = it_name->second;
+    ++hs.records;
+    hs.last_ns = tr.time_ns;
+  }
+}
+
+void Recording::set_host_start(int64_t t) {
+  std::lock_guard lock(stats_mu_);
+  host_start_ns_ = t;
+}
+
+void Recording::on_host_losses(const std::vector<TraceLoss>& losses) {
+  for (const auto& l : losses) {
+    {
+      std::lock_guard lock(stats_mu_);
+      host_streams_[{l.source, l.stream}].lost += l.count;
+    }
+    queue_loss(l);
+  }
+}
+
+void Recording::on_host_idle(int64_t bound) {
+  std::vector<TraceRecord> batch;
+  {
+    std::lock_guard lock(stats_mu_);
+    batch.swap(host_batch_);
+  }
+  merger_.push(host_input_, batch, bound);
+}
+
+void Recording::queue_sync(std::vector<TraceSyncSample> samples, const TraceClockModel* model) {
+  std::lock_guard lock(side_mu_);
+  side_samples_.insert(side_samples_.end(), samples.begin(), samples.end());
+  if (model) side_models_.push_back(*model);
+}
+
+void Recording::queue_loss(const TraceLoss& loss) {
+  std::lock_guard lock(side_mu_);
+  side_losses_.push_back(loss);
+}
+
+void Recording::queue_metadata(const TraceMetadata& m) {
+  std::lock_guard lock(side_mu_);
+  side_metadata_.push_back(m);
+}
+
+Status Recording::write_side_queue() {
+  std::vector<TraceSyncSample> samples;
+  std::vector<TraceClockModel> models;
+  std::vector<TraceLoss> losses;
+  std::vector<TraceMetadata> metas;
+  {
+    std::lock_guard lock(side_mu_);
+    samples.swap(side_samples_);
+    models.swap(side_models_);
+    losses.swap(side_losses_);
+    metas.swap(side_metadata_);
+  }
+  for (const auto& m : metas)
+    if (Status s = writer_->append_metadata(m); !s) return s;
+  if (!samples.empty())
+    if (Status s = writer_->append_sync_samples(samples); !s) return s;
+  for (const auto& m : models)
+    if (Status s = writer_->append_clock_model(m); !s) return s;
+  for (const auto& l : losses)
+    if (Status s = writer_->append_loss(l); !s) return s;
+  return Status::ok();
+}
+
+void Recording::writer_main() {
+  std::vector<TraceRecord> out;
+  auto fail = [this](const Status& s) {
+    std::lock_guard lock(stats_mu_);
+    if (write_error_.empty()) {
+      write_error_ = s.message();
+      spdlog::error("trace {}: {}; the recording stops, the file holds what was written before",
+                    opts_.output, write_error_);
+    }
+    write_failed_ = true;
+  };
+  auto write = [&](bool all) {
+    out.clear();
+    if (all)
+      merger_.take_all(out);
+    else
+      merger_.take_ready(out, now_ns(), 50'000'000);
+    if (write_failed_) return;  // keep the merger empty; nothing more can be written
+    Status s = write_side_queue();
+    if (s && !out.empty()) s = writer_->append_records(out);
+    if (!s) return fail(s);
+    std::lock_guard lock(stats_mu_);
+    records_written_ = writer_->records_written();
+    bytes_written_ = writer_->bytes_written();
+  };
+  while (!writer_stop_) write(false);
+  write(true);
+}
+
+bool Recording::wants_stop() const {
+  if (write_failed_) return true;
+  if (opts_.duration_s > 0 &&
+      now_ns() - start_ns_ >= static_cast<int64_t>(opts_.duration_s * 1e9))
+    return true;
+  return false;
+}
+
+json Recording::stop(const std::function<void(const json&)>& progress) {
+  if (stopped_.exchange(true)) return status();
+  const int64_t t0 = now_ns();
+  std::atomic<bool> done{false};
+  std::thread reporter;
+  if (progress)
+    reporter = std::thread([&] {
+      while (!done) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(250));
+        if (done) break;
+        const auto ms = merger_.stats();
+        progress({{"phase", "flushing"},
+                  {"pending", ms.pending},
+                  {"written", ms.released},
+                  {"elapsed_s", static_cast<double>(now_ns() - t0) / 1e9}});
+      }
+    });
+  const int64_t stop_ns = now_ns();
+  for (auto& d : devices_) d->stop();
+  // The host collector keeps passing records up to the stop time; the last
+  // on_host_idle() from it (or this one) closes the host input.
+  on_host_idle(stop_ns);
+  merger_.close(host_input_);
+  writer_stop_ = true;
+  if (writer_thread_.joinable()) writer_thread_.join();
+  Status closed = write_failed_ ? Status::ok() : write_side_queue();
+  if (closed && !write_failed_) closed = writer_->close();
+  done = true;
+  if (reporter.joinable()) reporter.join();
+  json j = status();
+  j["state"] = "stopped";
+  j["duration_s"] = static_cast<double>(stop_ns - start_ns_) / 1e9;
+  j["stop_s"] = static_cast<double>(now_ns() - t0) / 1e9;
+  if (!closed) {
+    j["error"] = closed.message();
+    spdlog::error("trace {}: {}", opts_.output, closed.message());
+  }
+  {
+    std::lock_guard lock(stats_mu_);
+    j["records"] = writer_->records_written();
+    j["bytes"] = writer_->bytes_written();
+    j["complete"] = closed.is_ok() && write_error_.empty();
+  }
+  spdlog::info("recording stopped: {} ({} records, {} bytes)", opts_.output,
+               j["records"].get<uint64_t>(), j["bytes"].get<uint64_t>());
+  return j;
+}
+
+json Recording::status() const {
+  json devices = json::array();
+  for (const auto& d : devices_) devices.push_back(d->status());
+  json host = json::array();
+  const double secs = std::max(1e-9, static_cast<double>(now_ns() - start_ns_) / 1e9);
+  json j;
+  {
+    std::lock_guard lock(stats_mu_);
+    for (const auto& [key, hs] : host_streams_)
+      host.push_back({{"source", key.first},
+                      {"stream", key.second},
+                      {"app", hs.app},
+                      {"records", hs.records},
+                      {"bytes", hs.records * sizeof(perfq_record)},
+                      {"lost", hs.lost},
+                      {"rate_per_s", static_cast<double>(hs.records) / secs}});
+    j = {{"state", stopped_ ? "stopping" : "recording"},
+         {"output", opts_.output},
+         {"elapsed_s", secs},
+         {"records", records_written_},
+         {"bytes", bytes_written_},
+         {"host_records_before_start", before_start_}};
+    if (opts_.duration_s > 0) j["duration_s"] = opts_.duration_s;
+    if (!write_error_.empty()) j["error"] = write_error_;
+  }
+  const auto ms = merger_.stats();
+  j["merge"] = {{"pending", ms.pending}, {"late", ms.late},
+                {"watermark_lag_ms", ms.watermark ? static_cast<double>(now_ns() - ms.watermark) / 1e6 : 0.0}};
+  j["devices"] = devices;
+  j["host_streams"] = host;
+  return j;
+}
+
+}  // namespace perfqd

@@ -1,0 +1,397 @@
+// perfqctl start / stop / status / devices: talk to perfq-daemon over its
+// control socket (one JSON object per line each way; see daemon/control.h).
+#include <poll.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <functional>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <thread>
+
+#include "commands.h"
+
+namespace perfqctl {
+namespace {
+
+using nlohmann::json;
+
+constexpr const char* kDefaultSocket = "/run/perfq/perfqd.sock";
+
+std::string default_socket() {
+  const char* env = std::getenv("PERFQ_SOCKET");
+  return env && *env ? env : kDefaultSocket;
+}
+
+volatile sig_atomic_t g_interrupted = 0;
+void on_sigint(int) { g_interrupted = 1; }
+
+// One connection to the daemon.
+class Client {
+ public:
+  // "" on success, else what went wrong and what to do.
+  std::string connect(const std::string& path) {
+    path_ = path;
+    sockaddr_un addr{};
+    if (path.size() >= sizeof(addr.sun_path)) return "socket path " + path + " is too long";
+    addr.sun_family = AF_UNIX;
+    std::memcpy(addr.sun_path, path.c_str(), path.size() + 1);
+    fd_ = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd_ < 0) return std::string("socket: ") + std::strerror(errno);
+    if (::connect(fd_, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+      const int err = errno;
+      std::string msg = "cannot reach perfq-daemon at " + path + ": " + std::strerror(err);
+      if (err == ENOENT || err == ECONNREFUSED)
+        msg += " (is it running? `systemctl start perfq-daemon`, or run `perfq-daemon "
+               "--socket PATH` and pass the same --socket here)";
+      else if (err == EACCES)
+        msg += " (no permission on the socket or its folder)";
+      return msg;
+    }
+    return "";
+  }
+  ~Client() {
+    if (fd_ >= 0) ::close(fd_);
+  }
+
+  // Sends req and returns the final reply; interim progress lines go to
+  // `progress`.  On a transport failure returns {"ok":false,"error":...}.
+  json request(const json& req, const std::function<void(const json&)>& progress = {}) {
+    std::string s = req.dump() + "\n";
+    size_t off = 0;
+    while (off < s.size()) {
+      const ssize_t n = ::send(fd_, s.data() + off, s.size() - off, MSG_NOSIGNAL);
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) return failure(std::string("sending to the daemon: ") + std::strerror(errno));
+      off += static_cast<size_t>(n);
+    }
+    char chunk[65536];
+    while (true) {
+      size_t nl;
+      while ((nl = buf_.find('\n')) != std::string::npos) {
+        json j = json::parse(buf_.substr(0, nl), nullptr, false);
+        buf_.erase(0, nl + 1);
+        if (j.is_discarded() || !j.is_object())
+          return failure("the daemon sent a reply that is not JSON");
+        if (j.contains("progress")) {
+          if (progress) progress(j["progress"]);
+          continue;
+        }
+        return j;
+      }
+      const ssize_t n = ::recv(fd_, chunk, sizeof(chunk), 0);
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0) return failure(std::string("reading the daemon's reply: ") + std::strerror(errno));
+      if (n == 0) return failure("the daemon closed the connection without a reply (did it exit?)");
+      buf_.append(chunk, static_cast<size_t>(n));
+    }
+  }
+
+ private:
+  static json failure(const std::string& m) { return {{"ok", false}, {"error", m}}; }
+  std::string path_;
+  int fd_ = -1;
+  std::string buf_;
+};
+
+int fail(const std::string& cmd, const std::string& msg) {
+  std::fprintf(stderr, "perfqctl %s: %s\n", cmd.c_str(), msg.c_str());
+  return kExitFail;
+}
+
+std::string human_bytes(double b) {
+  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  int u = 0;
+  while (b >= 1024 && u < 4) {
+    b /= 1024;
+    ++u;
+  }
+  char s[32];
+  std::snprintf(s, sizeof(s), u ? "%.1f %s" : "%.0f %s", b, units[u]);
+  return s;
+}
+
+uint64_t u64(const json& j, const char* k) {
+  return j.contains(k) && j[k].is_number() ? j[k].get<uint64_t>() : 0;
+}
+double dbl(const json& j, const char* k) {
+  return j.contains(k) && j[k].is_number() ? j[k].get<double>() : 0.0;
+}
+
+void print_summary(const json& s) {
+  std::printf("trace %s: %llu records, %s in %.1f s%s\n", s.value("output", "?").c_str(),
+              static_cast<unsigned long long>(u64(s, "records")),
+              human_bytes(static_cast<double>(u64(s, "bytes"))).c_str(), dbl(s, "duration_s"),
+              s.value("complete", true) ? "" : " (INCOMPLETE)");
+  if (s.contains("devices"))
+    for (const auto& d : s["devices"]) {
+      std::printf("  device %s (%s): %llu records, %llu lost, %s", d.value("device", "?").c_str(),
+                  d.value("state", "?").c_str(),
+                  static_cast<unsigned long long>(u64(d, "records")),
+                  static_cast<unsigned long long>(u64(d, "lost")),
+                  d.contains("sync") && d["sync"].value("synchronized", false) ? "" : "not synchronized");
+      if (d.contains("sync") && d["sync"].value("synchronized", false))
+        std::printf("sync +-%.0f ns, drift %+.3f ppm, %llu rounds",
+                    dbl(d["sync"], "uncertainty_ns"), dbl(d["sync"], "drift_ppm"),
+                    static_cast<unsigned long long>(u64(d["sync"], "rounds")));
+      std::printf("\n");
+      if (d.contains("error")) std::printf("    error: %s\n", d["error"].get<std::string>().c_str());
+    }
+  if (s.contains("host_streams")) {
+    uint64_t recs = 0, lost = 0;
+    for (const auto& h : s["host_streams"]) {
+      recs += u64(h, "records");
+      lost += u64(h, "lost");
+    }
+    std::printf("  host: %zu thread stream(s), %llu records, %llu lost\n", s["host_streams"].size(),
+                static_cast<unsigned long long>(recs), static_cast<unsigned long long>(lost));
+  }
+  if (s.contains("error")) std::printf("  error: %s\n", s["error"].get<std::string>().c_str());
+}
+
+struct Common {
+  std::string socket = default_socket();
+  bool json_out = false;
+};
+
+// The `stop` exchange, with progress on a terminal.
+int do_stop(Client& c, const Common& o, const char* cmd) {
+  const bool tty = isatty(2);
+  json r = c.request({{"cmd", "stop"}}, [&](const json& p) {
+    if (tty)
+      std::fprintf(stderr, "\rstopping: %llu records written, %llu to go, %.1f s   ",
+                   static_cast<unsigned long long>(u64(p, "written")),
+                   static_cast<unsigned long long>(u64(p, "pending")), dbl(p, "elapsed_s"));
+  });
+  if (tty) std::fprintf(stderr, "\r%60s\r", "");
+  if (!r.value("ok", false)) return fail(cmd, r.value("error", "failed"));
+  if (o.json_out)
+    std::printf("%s\n", r.dump().c_str());
+  else
+    print_summary(r);
+  return r.value("complete", true) ? kExitOk : kExitFail;
+}
+
+struct StartOptions {
+  std::string output = "perfq.trace";
+  std::vector<std::string> devices;
+  double duration = 0;
+  unsigned sync_interval_ms = 0;
+  std::string sync_mode;
+  bool no_wait = false;
+};
+
+int run_start(const Common& o, const StartOptions& s) {
+  Client c;
+  if (auto e = c.connect(o.socket); !e.empty()) return fail("start", e);
+  std::error_code ec;
+  const auto out = std::filesystem::absolute(s.output, ec);
+  if (ec) return fail("start", "bad output path " + s.output + ": " + ec.message());
+  json req = {{"cmd", "start"}, {"output", out.lexically_normal().string()}};
+  if (!s.devices.empty()) req["devices"] = s.devices;
+  if (s.duration > 0) req["duration_s"] = s.duration;
+  if (s.sync_interval_ms) req["sync_interval_ms"] = s.sync_interval_ms;
+  if (!s.sync_mode.empty()) req["sync_mode"] = s.sync_mode;
+  json r = c.request(req);
+  if (!r.value("ok", false)) return fail("start", r.value("error", "failed"));
+  if (s.duration <= 0 || s.no_wait) {
+    if (o.json_out)
+      std::printf("%s\n", r.dump().c_str());
+    else
+      std::printf("recording to %s%s\n", r.value("output", "").c_str(),
+                  s.duration > 0 ? " (stops by itself after the duration)" : "; `perfqctl stop` ends it");
+    return kExitOk;
+  }
+  // A recording with a duration: wait for it, showing progress on a
+  // terminal; Ctrl-C stops it early (the trace is still complete).
+  signal(SIGINT, on_sigint);
+  const bool tty = isatty(2);
+  const std::string output = r.value("output", "");
+  while (!g_interrupted) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    json st = c.request({{"cmd", "status"}});
+    if (!st.value("ok", false)) return fail("start", st.value("error", "status failed"));
+    const json& rec = st["recording"];
+    if (rec.is_null() || rec.value("output", "") != output) break;
+    if (tty)
+      std::fprintf(stderr, "\rrecording %s: %.1f / %.1f s, %llu records   ", output.c_str(),
+                   dbl(rec, "elapsed_s"), s.duration,
+                   static_cast<unsigned long long>(u64(rec, "records")));
+  }
+  if (tty) std::fprintf(stderr, "\r%70s\r", "");
+  // Collect the summary (this also stops it early after Ctrl-C).
+  return do_stop(c, o, "start");
+}
+
+int run_stop(const Common& o) {
+  Client c;
+  if (auto e = c.connect(o.socket); !e.empty()) return fail("stop", e);
+  return do_stop(c, o, "stop");
+}
+
+int run_status(const Common& o) {
+  Client c;
+  if (auto e = c.connect(o.socket); !e.empty()) return fail("status", e);
+  json r = c.request({{"cmd", "status"}});
+  if (!r.value("ok", false)) return fail("status", r.value("error", "failed"));
+  if (o.json_out) {
+    std::printf("%s\n", r.dump().c_str());
+    return kExitOk;
+  }
+  const json& d = r["daemon"];
+  std::printf("perfq-daemon %s, pid %d, up %.0f s, socket %s, %zu application(s) connected\n",
+              d.value("version", "?").c_str(), d.value("pid", 0), dbl(d, "uptime_s"),
+              d.value("socket", "?").c_str(), d.value("apps", size_t{0}));
+  const json& rec = r["recording"];
+  if (rec.is_null()) {
+    std::printf("not recording\n");
+    if (!r["last"].is_null())
+      std::printf("last recording: %s, %llu records\n", r["last"].value("output", "?").c_str(),
+                  static_cast<unsigned long long>(u64(r["last"], "records")));
+  } else {
+    std::printf("recording to %s for %.1f s%s: %llu records written (%s), %llu pending, %llu late\n",
+                rec.value("output", "?").c_str(), dbl(rec, "elapsed_s"),
+                rec.contains("duration_s")
+                    ? (" of " + std::to_string(static_cast<int>(dbl(rec, "duration_s")))).c_str()
+                    : "",
+                static_cast<unsigned long long>(u64(rec, "records")),
+                human_bytes(static_cast<double>(u64(rec, "bytes"))).c_str(),
+                static_cast<unsigned long long>(u64(rec["merge"], "pending")),
+                static_cast<unsigned long long>(u64(rec["merge"], "late")));
+    for (const auto& dev : rec["devices"]) {
+      std::printf("  device %s \"%s\" %s: %llu records (%.0f/s), %llu lost, %llu invalid, ring %llu/%llu\n",
+                  dev.value("device", "?").c_str(), dev.value("name", "").c_str(),
+                  dev.value("state", "?").c_str(), static_cast<unsigned long long>(u64(dev, "records")),
+                  dbl(dev, "rate_per_s"), static_cast<unsigned long long>(u64(dev, "lost")),
+                  static_cast<unsigned long long>(u64(dev, "invalid")),
+                  static_cast<unsigned long long>(u64(dev, "ring_fill")),
+                  static_cast<unsigned long long>(u64(dev, "ring_capacity")));
+      const json& sy = dev["sync"];
+      if (sy.value("synchronized", false))
+        std::printf("    sync mode %s: offset %.0f ns, drift %+.3f ppm, +-%.0f ns, %llu rounds "
+                    "(%llu failed), last %.0f ms ago\n",
+                    sy.value("mode", "?").c_str(), dbl(sy, "offset_ns"), dbl(sy, "drift_ppm"),
+                    dbl(sy, "uncertainty_ns"), static_cast<unsigned long long>(u64(sy, "rounds")),
+                    static_cast<unsigned long long>(u64(sy, "failed_rounds")),
+                    dbl(sy, "last_round_ago_ms"));
+      else
+        std::printf("    sync: not synchronized yet%s\n",
+                    sy.contains("last_error")
+                        ? (" (" + sy["last_error"].get<std::string>() + ")").c_str()
+                        : "");
+      if (dev.contains("error")) std::printf("    error: %s\n", dev["error"].get<std::string>().c_str());
+    }
+    for (const auto& h : rec["host_streams"])
+      std::printf("  app %s (source %d) thread %d: %llu records (%.0f/s), %llu lost\n",
+                  h.value("app", "?").c_str(), h.value("source", 0), h.value("stream", 0),
+                  static_cast<unsigned long long>(u64(h, "records")), dbl(h, "rate_per_s"),
+                  static_cast<unsigned long long>(u64(h, "lost")));
+  }
+  for (const auto& s : r["app_streams"])
+    std::printf("  ring: app %s pid %u thread %s (tid %u): %llu records, %llu lost, fill %llu/%llu%s\n",
+                s.value("app", "?").c_str(), s.value("pid", 0u), s.value("thread", "").c_str(),
+                s.value("tid", 0u), static_cast<unsigned long long>(u64(s, "records")),
+                static_cast<unsigned long long>(u64(s, "lost")),
+                static_cast<unsigned long long>(u64(s, "ring_fill")),
+                static_cast<unsigned long long>(u64(s, "ring_capacity")),
+                s.value("alive", true) ? "" : " (exited)");
+  return kExitOk;
+}
+
+int run_devices(const Common& o) {
+  Client c;
+  if (auto e = c.connect(o.socket); !e.empty()) return fail("devices", e);
+  json r = c.request({{"cmd", "devices"}});
+  if (!r.value("ok", false)) return fail("devices", r.value("error", "failed"));
+  if (o.json_out) {
+    std::printf("%s\n", r.dump().c_str());
+    return kExitOk;
+  }
+  if (r["devices"].empty())
+    std::printf("no devices (configure them with perfq-daemon --device, or load perfq.ko)\n");
+  for (const auto& d : r["devices"]) {
+    if (d.value("state", "") == "unavailable") {
+      std::printf("%s  unavailable: %s\n", d.value("device", "?").c_str(),
+                  d.value("error", "").c_str());
+      continue;
+    }
+    std::printf("%s  \"%s\" %s, ring %llu records, clock %llu Hz, timer %llu Hz%s%s\n",
+                d.value("device", "?").c_str(), d.value("name", "").c_str(),
+                d.value("state", "?").c_str(),
+                static_cast<unsigned long long>(u64(d, "ring_capacity")),
+                static_cast<unsigned long long>(u64(d, "clock_hz")),
+                static_cast<unsigned long long>(u64(d, "timer_hz")),
+                d.value("configured", false) ? ", configured" : "",
+                d.value("recording", false) ? ", recording" : "");
+  }
+  return kExitOk;
+}
+
+void add_socket_option(CLI::App* cmd, Common& o) {
+  cmd->add_option("--socket", o.socket,
+                  "perfq-daemon's control socket (default: $PERFQ_SOCKET, else " +
+                      std::string(kDefaultSocket) + ")");
+}
+
+}  // namespace
+
+void add_control_commands(CLI::App& app, int& exit_code) {
+  auto o = std::make_shared<Common>();
+  add_socket_option(&app, *o);
+
+  auto s = std::make_shared<StartOptions>();
+  CLI::App* start = app.add_subcommand(
+      "start",
+      "Start a recording in perfq-daemon: its devices and every instrumented application, "
+      "merged into one trace file. With --duration, waits for it to end (progress on a "
+      "terminal, Ctrl-C stops early) and prints the summary; otherwise returns at once.");
+  start->add_option("-o,--output", s->output, "Trace file (created by the daemon as you)")
+      ->capture_default_str();
+  start->add_option("--device", s->devices,
+                    "Device to record (repeatable): shm:PATH or /dev/perfqN; default: the "
+                    "daemon's configured devices")
+      ->allow_extra_args(false);
+  start->add_option("--duration", s->duration, "Stop after S seconds")
+      ->check(CLI::NonNegativeNumber);
+  start->add_option("--sync-interval-ms", s->sync_interval_ms,
+                    "Time between clock sync rounds (default: the daemon's)")
+      ->check(CLI::Range(1u, 60000u));
+  start->add_option("--sync-mode", s->sync_mode,
+                    "a: the host converts device times; b: the device does (default: the daemon's)")
+      ->check(CLI::IsMember({"a", "b"}));
+  start->add_flag("--no-wait", s->no_wait, "With --duration: return at once");
+  start->add_flag("--json", o->json_out, "Print the daemon's reply as JSON");
+  add_socket_option(start, *o);
+  start->callback([o, s, &exit_code] { exit_code = run_start(*o, *s); });
+
+  CLI::App* stop = app.add_subcommand(
+      "stop", "Stop the recording; returns when the trace file is complete, then prints its summary");
+  stop->add_flag("--json", o->json_out, "Print the summary as JSON");
+  add_socket_option(stop, *o);
+  stop->callback([o, &exit_code] { exit_code = run_stop(*o); });
+
+  CLI::App* status = app.add_subcommand(
+      "status", "Show the daemon, the recording (per stream: records, bytes, losses, ring fill, "
+                "rates; per device: clock offset, drift, uncertainty, last round) and the "
+                "connected applications");
+  status->add_flag("--json", o->json_out, "Print JSON");
+  add_socket_option(status, *o);
+  status->callback([o, &exit_code] { exit_code = run_status(*o); });
+
+  CLI::App* devices = app.add_subcommand(
+      "devices", "List the daemon's configured devices and the /dev/perfqN present, with state");
+  devices->add_flag("--json", o->json_out, "Print JSON");
+  add_socket_option(devices, *o);
+  devices->callback([o, &exit_code] { exit_code = run_devices(*o); });
+}
+
+}  // namespace perfqctl
