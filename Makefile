@@ -1,6 +1,9 @@
 # perfq — one front door to the CMake build.
 #   make          build everything into build/ (bin/ holds the programs)
-#   make test     build, then run every test: the normal build, ASan+UBSan and TSan
+#   make test     build, then run every test: the normal build, ASan+UBSan, TSan
+#                 and the QEMU scenarios (perfq.ko in a Debian guest)
+#   make qemu-test  build, then run only the QEMU scenarios
+#   make qemu-shell boot the QEMU guest interactively (driver and tools inside)
 #   make demo     build and run the demonstration
 #   make bench    build and run the benchmarks (figures in build/bench/results.json)
 #   make deps     install the Debian packages perfq needs (only what is missing)
@@ -14,12 +17,12 @@ GENERATOR   ?= Ninja
 CMAKE_ARGS  ?=
 JOBS        ?= $(shell nproc)
 
-.PHONY: all build deps asan tsan test demo bench clean help
+.PHONY: all build deps asan tsan test qemu-test qemu-shell demo bench clean help
 
 all: build
 
 help:
-	@sed -n '2,9p' Makefile | sed 's/^# \{0,1\}//'
+	@sed -n '2,12p' Makefile | sed 's/^# \{0,1\}//'
 
 deps:
 	@scripts/deps.sh
@@ -39,8 +42,18 @@ asan: deps
 tsan: deps
 	$(call cmake_build,$(BUILD_TSAN),-DCMAKE_BUILD_TYPE=RelWithDebInfo -DPERFQ_SANITIZE=thread -DPERFQ_BUILD_BENCH=OFF)
 
+QEMU_RESULTS = $(BUILD)/qemu/results.txt
+
 test: build asan tsan
-	@scripts/run-tests.sh $(BUILD) $(BUILD_ASAN) $(BUILD_TSAN)
+	@rm -f $(QEMU_RESULTS)
+	-@qemu/run-scenarios.py --build $(BUILD) --results $(QEMU_RESULTS)
+	@scripts/run-tests.sh --results $(QEMU_RESULTS) $(BUILD) $(BUILD_ASAN) $(BUILD_TSAN)
+
+qemu-test: build
+	@qemu/run-scenarios.py --build $(BUILD) --results $(QEMU_RESULTS)
+
+qemu-shell: build
+	@qemu/run-scenarios.py --build $(BUILD) --shell
 
 demo: build
 	@scripts/demo.sh $(BUILD)

@@ -1,11 +1,32 @@
 #!/usr/bin/env bash
 # Run ctest in each build folder given, then print one closing line with the
 # totals of all of them: "perfq: N passed, M failed".
+#   --results FILE  also count a results file of "PASS name" / "FAIL name"
+#                   lines (the QEMU scenarios); a missing file is one failure.
 set -uo pipefail
 
 total_pass=0
 total_fail=0
 rc=0
+results=()
+while [ "${1:-}" = --results ]; do
+  results+=("$2")
+  shift 2
+done
+for file in "${results[@]}"; do
+  if [ ! -s "$file" ]; then
+    echo "perfq: no results in $file" >&2
+    total_fail=$((total_fail + 1))
+    rc=1
+    continue
+  fi
+  p=$(grep -c '^PASS ' "$file")
+  f=$(grep -c '^FAIL ' "$file")
+  echo "=== $file: $p passed, $f failed ==="
+  total_pass=$((total_pass + p))
+  total_fail=$((total_fail + f))
+  [ "$f" -eq 0 ] || rc=1
+done
 for dir in "$@"; do
   echo "=== ctest in $dir ==="
   log=$(mktemp)

@@ -1,0 +1,863 @@
+// SPDX-License-Identifier: GPL-2.0
+/*
+ * perfq.ko - PCIe char driver for perfq devices.
+ *
+ * A perfq device carries the shared region of perfq_abi.h in a memory BAR
+ * (QEMU's ivshmem-plain with a file behind it is the test device; real
+ * devices bind through new_id or driver_override, see driver/README.md).
+ * For each bound device the driver:
+ *   - validates the region header once and keeps a private copy; a device
+ *     with a bad header is refused at probe with one dev_err line;
+ *   - creates /dev/perfqN, whose mmap hands out the region by offset (the
+ *     sections the host writes read-write, the others read-only);
+ *   - answers PERFQ_IOC_INFO and PERFQ_IOC_CLOCK_SAMPLES (bracketed timer
+ *     register reads with interrupts off);
+ *   - publishes sysfs attributes under /sys/class/perfq/perfqN.
+ * On removal it revokes every user mapping (a later access raises SIGBUS)
+ * and every later ioctl returns -ENODEV; open files keep the (dead) device
+ * structure alive until their last close.
+ *
+ * Locking: perfq_dev.lock (rwsem) guards `gone` and the BAR: readers are
+ * ioctls, page faults and sysfs reads, the writer is remove.  clock_lock
+ * serialises timer readers (the exchange has one reader at a time).
+ */
+#define pr_fmt(fmt) KBUILD_MODNAME ": " fmt
+
+#include <linux/cdev.h>
+#include <linux/delay.h>
+#include <linux/device.h>
+#include <linux/fs.h>
+#include <linux/idr.h>
+#include <linux/io.h>
+#include <linux/ktime.h>
+#include <linux/mm.h>
+#include <linux/module.h>
+#include <linux/mutex.h>
+#include <linux/pci.h>
+#include <linux/rwsem.h>
+#include <linux/sched.h>
+#include <linux/slab.h>
+#include <linux/uaccess.h>
+#include <linux/version.h>
+
+#include "perfq/perfq_abi.h"
+
+#define PERFQ_NAME "perfq"
+#define PERFQ_MAX_DEVICES 64
+#define PERFQ_WARMUP_EXTRA_NS (250ULL * NSEC_PER_MSEC) /* the device may be asleep */
+#define PERFQ_READ_ATTEMPTS 4 /* per sample, each bounded by timeout_ns */
+
+static int perfq_bar = 2;
+module_param_named(bar, perfq_bar, int, 0444);
+MODULE_PARM_DESC(bar, "BAR that holds the perfq region (default 2, ivshmem's shared memory)");
+
+struct perfq_dev {
+	struct device dev; /* /sys/class/perfq/perfqN; open files hold it */
+	struct cdev cdev;
+	struct pci_dev *pdev;
+	int minor;
+
+	struct rw_semaphore lock; /* guards gone and every access to base */
+	bool gone;
+	u8 *base; /* the BAR, memremap'ed by devm; valid while !gone */
+	phys_addr_t bar_start;
+	u64 bar_len;
+	struct perfq_region_header hdr; /* the validated private copy */
+
+	struct mutex clock_lock; /* one timer reader at a time */
+
+	struct mutex open_lock; /* guards mapping_inode */
+	struct inode *mapping_inode; /* its i_mapping is every open file's */
+
+	u32 link_speed_mtps;
+	u32 link_width;
+	bool link_of_port;
+};
+
+static struct class *perfq_class;
+static dev_t perfq_devt;
+static DEFINE_IDA(perfq_ida);
+
+/* ------------------------------------------------------------------ */
+/* Region header validation                                            */
+
+static bool perfq_is_pow2(u64 v)
+{
+	return v && !(v & (v - 1));
+}
+
+static u64 perfq_min_section_size(const struct perfq_region_header *h, int id)
+{
+	switch (id) {
+	case PERFQ_SECTION_HEADER:
+		return sizeof(struct perfq_region_header);
+	case PERFQ_SECTION_DEV_CTRL:
+		return sizeof(struct perfq_dev_ctrl);
+	case PERFQ_SECTION_HOST_CTRL:
+		return sizeof(struct perfq_host_ctrl);
+	case PERFQ_SECTION_TIMER:
+		return sizeof(struct perfq_timer_page);
+	case PERFQ_SECTION_SYNC:
+		return sizeof(struct perfq_sync_page);
+	case PERFQ_SECTION_DICT:
+		return sizeof(struct perfq_dict_header) +
+		       (u64)h->dict_capacity * sizeof(struct perfq_dict_entry);
+	case PERFQ_SECTION_RING:
+		return h->ring_capacity * PERFQ_RECORD_SIZE;
+	default:
+		return 0;
+	}
+}
+
+static const char *const perfq_section_names[PERFQ_SECTION_COUNT] = {
+	"header", "dev_ctrl", "host_ctrl", "timer", "sync", "dict", "app", "ring",
+};
+
+/* The sections the host writes; the rest are mapped read-only. */
+static bool perfq_section_host_writable(int id)
+{
+	return id == PERFQ_SECTION_DEV_CTRL || id == PERFQ_SECTION_HOST_CTRL ||
+	       id == PERFQ_SECTION_TIMER || id == PERFQ_SECTION_SYNC || id == PERFQ_SECTION_APP;
+}
+
+/* Same rules as libperfq's validate_region_header(); one line per refusal. */
+static int perfq_validate_header(struct device *dev, const struct perfq_region_header *h,
+				 u64 len)
+{
+	const u8 *nul;
+	int i, j;
+
+	if (h->magic != PERFQ_REGION_MAGIC) {
+		dev_err(dev, "region header: magic %#018llx is not %#018llx (not a perfq region, or not initialized yet); device refused\n",
+			h->magic, PERFQ_REGION_MAGIC);
+		return -EINVAL;
+	}
+	if (h->abi_version != PERFQ_ABI_VERSION || h->header_size != sizeof(*h)) {
+		dev_err(dev, "region header: abi_version %u header_size %u, this driver speaks %u/%zu; device refused\n",
+			h->abi_version, h->header_size, PERFQ_ABI_VERSION, sizeof(*h));
+		return -EINVAL;
+	}
+	if (h->features & ~PERFQ_FEAT_ALL) {
+		dev_err(dev, "region header: unknown feature bits %#llx; device refused\n",
+			h->features & ~PERFQ_FEAT_ALL);
+		return -EINVAL;
+	}
+	if (h->region_size % PAGE_SIZE || h->region_size < PAGE_SIZE || h->region_size > len) {
+		dev_err(dev, "region header: region_size %llu is not a page multiple within the %llu-byte BAR; device refused\n",
+			h->region_size, len);
+		return -EINVAL;
+	}
+	if (h->record_size != PERFQ_RECORD_SIZE || !perfq_is_pow2(h->ring_capacity) ||
+	    h->ring_capacity < PERFQ_RING_CAPACITY_MIN || h->ring_capacity > PERFQ_RING_CAPACITY_MAX) {
+		dev_err(dev, "region header: record_size %u ring_capacity %llu invalid; device refused\n",
+			h->record_size, h->ring_capacity);
+		return -EINVAL;
+	}
+	if (!h->device_clock_hz || h->device_clock_hz > PERFQ_CLOCK_HZ_MAX || !h->timer_hz ||
+	    h->timer_hz > PERFQ_CLOCK_HZ_MAX) {
+		dev_err(dev, "region header: clock rates %llu/%llu Hz out of range; device refused\n",
+			h->device_clock_hz, h->timer_hz);
+		return -EINVAL;
+	}
+	nul = memchr(h->device_name, 0, PERFQ_DEVICE_NAME_LEN);
+	if (!nul || nul == h->device_name) {
+		dev_err(dev, "region header: device_name empty or not NUL-terminated; device refused\n");
+		return -EINVAL;
+	}
+	for (i = 0; i < nul - h->device_name; i++) {
+		if (h->device_name[i] < 0x20 || h->device_name[i] > 0x7e) {
+			dev_err(dev, "region header: device_name has a non-printable byte at %d; device refused\n",
+				i);
+			return -EINVAL;
+		}
+	}
+	for (i = 0; i < PERFQ_SECTION_COUNT; i++) {
+		const struct perfq_section *s = &h->sections[i];
+
+		if (s->offset % PAGE_SIZE || s->size % PAGE_SIZE || s->offset > h->region_size ||
+		    s->size > h->region_size - s->offset ||
+		    s->size < perfq_min_section_size(h, i)) {
+			dev_err(dev, "region header: section %s [%llu +%llu] misaligned, too small or outside the region; device refused\n",
+				perfq_section_names[i], s->offset, s->size);
+			return -EINVAL;
+		}
+		for (j = 0; j < i; j++) {
+			const struct perfq_section *t = &h->sections[j];
+
+			if (s->size && t->size && s->offset < t->offset + t->size &&
+			    t->offset < s->offset + s->size) {
+				dev_err(dev, "region header: sections %s and %s overlap; device refused\n",
+					perfq_section_names[j], perfq_section_names[i]);
+				return -EINVAL;
+			}
+		}
+	}
+	if (h->sections[PERFQ_SECTION_HEADER].offset != 0) {
+		dev_err(dev, "region header: header section is not at offset 0; device refused\n");
+		return -EINVAL;
+	}
+	for (i = 0; i < ARRAY_SIZE(h->reserved); i++) {
+		if (h->reserved[i]) {
+			dev_err(dev, "region header: reserved[%d] is nonzero; device refused\n", i);
+			return -EINVAL;
+		}
+	}
+	return 0;
+}
+
+/* Can [off, off + len) be mapped writable: is it all in host-written sections? */
+static bool perfq_range_writable(const struct perfq_dev *pd, u64 off, u64 len)
+{
+	u64 covered = 0;
+	int i;
+
+	for (i = 0; i < PERFQ_SECTION_COUNT; i++) {
+		const struct perfq_section *s = &pd->hdr.sections[i];
+		u64 lo = max(off, s->offset);
+		u64 hi = min(off + len, s->offset + s->size);
+
+		if (lo >= hi)
+			continue;
+		if (!perfq_section_host_writable(i))
+			return false;
+		covered += hi - lo;
+	}
+	return covered == len;
+}
+
+static void *perfq_section_ptr(const struct perfq_dev *pd, int id)
+{
+	return pd->base + pd->hdr.sections[id].offset;
+}
+
+/* ------------------------------------------------------------------ */
+/* Timer register reads                                                */
+
+/*
+ * One read of R.  On hardware a load of the register; with the software
+ * device the request/response exchange of perfq_timer_page, spinning at most
+ * timeout_ns.  Runs with interrupts off: never sleeps.
+ */
+static int perfq_timer_read(struct perfq_dev *pd, u64 timeout_ns, u64 *value)
+{
+	struct perfq_timer_page *t = perfq_section_ptr(pd, PERFQ_SECTION_TIMER);
+	u64 start, tag;
+
+	if (!(pd->hdr.features & PERFQ_FEAT_TIMER_REQRESP)) {
+		*value = READ_ONCE(t->value);
+		return 0;
+	}
+	tag = READ_ONCE(t->req_tag) + 1;
+	start = ktime_get_ns();
+	/* Pairs with the device's load-acquire of req_tag. */
+	smp_store_release(&t->req_tag, tag);
+	for (;;) {
+		/* Pairs with the device's store-release of resp_tag. */
+		if (smp_load_acquire(&t->resp_tag) == tag) {
+			*value = READ_ONCE(t->resp_value);
+			return 0;
+		}
+		cpu_relax();
+		if (ktime_get_ns() - start > timeout_ns)
+			return -ETIMEDOUT;
+	}
+}
+
+/* A first exchange with interrupts on, while the device wakes up. */
+static int perfq_timer_warmup(struct perfq_dev *pd, u64 timeout_ns)
+{
+	u64 deadline = ktime_get_ns() + timeout_ns + PERFQ_WARMUP_EXTRA_NS;
+	u64 value;
+
+	do {
+		if (!perfq_timer_read(pd, 20 * NSEC_PER_USEC, &value))
+			return 0;
+		usleep_range(50, 100);
+	} while (ktime_get_ns() < deadline);
+	return -ETIMEDOUT;
+}
+
+/* ------------------------------------------------------------------ */
+/* ioctls                                                              */
+
+static void perfq_fill_info(struct perfq_dev *pd, struct perfq_ioc_info *info)
+{
+	struct perfq_host_ctrl *hc = perfq_section_ptr(pd, PERFQ_SECTION_HOST_CTRL);
+
+	info->size = sizeof(*info);
+	info->version = PERFQ_IOC_VERSION;
+	info->abi_version = pd->hdr.abi_version;
+	info->flags = pd->link_of_port ? PERFQ_INFO_LINK_OF_PORT : 0;
+	info->region_size = pd->hdr.region_size;
+	info->ring_capacity = pd->hdr.ring_capacity;
+	info->features = pd->hdr.features;
+	info->device_clock_hz = pd->hdr.device_clock_hz;
+	info->timer_hz = pd->hdr.timer_hz;
+	info->bar_size = pd->bar_len;
+	info->records_seen = READ_ONCE(hc->tail_mirror);
+	info->link_speed_mtps = pd->link_speed_mtps;
+	info->link_width = pd->link_width;
+	info->max_samples = PERFQ_SYNC_MAX_SAMPLES;
+	memcpy(info->device_name, pd->hdr.device_name, PERFQ_DEVICE_NAME_LEN);
+	strscpy((char *)info->pci_address, pci_name(pd->pdev), PERFQ_PCI_ADDR_LEN);
+	memcpy(info->sections, pd->hdr.sections, sizeof(info->sections));
+}
+
+static long perfq_ioctl_info(struct perfq_dev *pd, void __user *argp)
+{
+	struct perfq_ioc_info info;
+	u32 size;
+	int ret = 0;
+
+	if (get_user(size, (u32 __user *)argp))
+		return -EFAULT;
+	if (size != sizeof(info)) {
+		dev_dbg(&pd->dev, "PERFQ_IOC_INFO: size %u is not %zu\n", size, sizeof(info));
+		return -EINVAL;
+	}
+	memset(&info, 0, sizeof(info));
+	down_read(&pd->lock);
+	if (pd->gone)
+		ret = -ENODEV;
+	else
+		perfq_fill_info(pd, &info);
+	up_read(&pd->lock);
+	if (ret)
+		return ret;
+	if (copy_to_user(argp, &info, sizeof(info)))
+		return -EFAULT;
+	return 0;
+}
+
+static long perfq_ioctl_clock_samples(struct perfq_dev *pd, void __user *argp)
+{
+	struct perfq_ioc_clock_samples *req;
+	struct perfq_timer_page *t;
+	unsigned long irqflags;
+	u64 timeout_ns;
+	u32 i;
+	int ret = 0;
+
+	req = kzalloc(sizeof(*req), GFP_KERNEL);
+	if (!req)
+		return -ENOMEM;
+	if (copy_from_user(req, argp, offsetof(struct perfq_ioc_clock_samples, samples))) {
+		ret = -EFAULT;
+		goto out_free;
+	}
+	if (req->size != sizeof(*req) || req->n == 0 || req->n > PERFQ_SYNC_MAX_SAMPLES ||
+	    req->flags || req->reserved[0] || req->reserved[1] || req->reserved[2] ||
+	    req->reserved[3] || req->timeout_ns > PERFQ_IOC_TIMEOUT_MAX_NS) {
+		dev_dbg(&pd->dev, "PERFQ_IOC_CLOCK_SAMPLES: bad argument (size %u n %u flags %#x timeout %llu)\n",
+			req->size, req->n, req->flags, req->timeout_ns);
+		ret = -EINVAL;
+		goto out_free;
+	}
+	timeout_ns = req->timeout_ns ? req->timeout_ns : PERFQ_IOC_TIMEOUT_DEFAULT_NS;
+	memset(req->samples, 0, sizeof(req->samples));
+	req->version = PERFQ_IOC_VERSION;
+	req->count = 0;
+
+	if (mutex_lock_interruptible(&pd->clock_lock)) {
+		ret = -EINTR;
+		goto out_free;
+	}
+	down_read(&pd->lock);
+	if (pd->gone) {
+		ret = -ENODEV;
+		goto out_unlock;
+	}
+	t = perfq_section_ptr(pd, PERFQ_SECTION_TIMER);
+	if (req->round) {
+		/* Pairs with the device's acquire-load of window. */
+		smp_store_release(&t->window, req->round);
+		if (pd->hdr.features & PERFQ_FEAT_TIMER_REQRESP) {
+			ret = perfq_timer_warmup(pd, timeout_ns);
+			if (ret)
+				goto out_close;
+		}
+	}
+	for (i = 0; i < req->n; i++) {
+		struct perfq_clock_sample *s = &req->samples[i];
+		int attempt;
+
+		/*
+		 * Interrupts stay off for one read only.  A device that does not
+		 * answer within timeout_ns is usually just not running right now
+		 * (the software device shares the host's CPUs): let it run, with
+		 * interrupts on, and try again a few times.
+		 */
+		for (attempt = 0;; attempt++) {
+			preempt_disable();
+			local_irq_save(irqflags);
+			s->before = ktime_get_ns();
+			ret = perfq_timer_read(pd, timeout_ns, &s->value);
+			s->after = ktime_get_ns();
+			local_irq_restore(irqflags);
+			preempt_enable();
+			if (!ret || attempt + 1 >= PERFQ_READ_ATTEMPTS)
+				break;
+			usleep_range(100, 200);
+		}
+		if (ret) {
+			s->before = 0;
+			s->after = 0;
+			break;
+		}
+		req->count = i + 1;
+		cond_resched();
+	}
+out_close:
+	if (req->round)
+		smp_store_release(&t->window, 0u);
+	if (ret == -ETIMEDOUT)
+		dev_dbg(&pd->dev, "timer read timed out after %llu ns (%u of %u samples); is the device running?\n",
+			timeout_ns, req->count, req->n);
+out_unlock:
+	up_read(&pd->lock);
+	mutex_unlock(&pd->clock_lock);
+	if (ret != -ENODEV && copy_to_user(argp, req, sizeof(*req)))
+		ret = -EFAULT;
+out_free:
+	kfree(req);
+	return ret;
+}
+
+static long perfq_ioctl(struct file *file, unsigned int cmd, unsigned long arg)
+{
+	struct perfq_dev *pd = file->private_data;
+	void __user *argp = (void __user *)arg;
+
+	if (_IOC_TYPE(cmd) != PERFQ_IOC_TYPE)
+		return -ENOTTY;
+	switch (_IOC_NR(cmd)) {
+	case _IOC_NR(PERFQ_IOC_INFO):
+		if (cmd != PERFQ_IOC_INFO) {
+			dev_dbg(&pd->dev, "ioctl %#x: wrong size or direction for PERFQ_IOC_INFO\n", cmd);
+			return -EINVAL;
+		}
+		return perfq_ioctl_info(pd, argp);
+	case _IOC_NR(PERFQ_IOC_CLOCK_SAMPLES):
+		if (cmd != PERFQ_IOC_CLOCK_SAMPLES) {
+			dev_dbg(&pd->dev, "ioctl %#x: wrong size or direction for PERFQ_IOC_CLOCK_SAMPLES\n",
+				cmd);
+			return -EINVAL;
+		}
+		return perfq_ioctl_clock_samples(pd, argp);
+	default:
+		return -ENOTTY;
+	}
+}
+
+/* ------------------------------------------------------------------ */
+/* mmap                                                                */
+
+static vm_fault_t perfq_vm_fault(struct vm_fault *vmf)
+{
+	struct vm_area_struct *vma = vmf->vma;
+	struct perfq_dev *pd = vma->vm_private_data;
+	u64 off = ((u64)vma->vm_pgoff << PAGE_SHIFT) + (vmf->address - vma->vm_start);
+	vm_fault_t ret;
+
+	down_read(&pd->lock);
+	if (pd->gone || off >= pd->hdr.region_size)
+		ret = VM_FAULT_SIGBUS;
+	else
+		ret = vmf_insert_pfn(vma, vmf->address, (pd->bar_start + off) >> PAGE_SHIFT);
+	up_read(&pd->lock);
+	return ret;
+}
+
+static const struct vm_operations_struct perfq_vm_ops = {
+	.fault = perfq_vm_fault,
+};
+
+static int perfq_mmap(struct file *file, struct vm_area_struct *vma)
+{
+	struct perfq_dev *pd = file->private_data;
+	u64 len = vma->vm_end - vma->vm_start;
+	u64 off;
+	int ret = 0;
+
+	if (!(vma->vm_flags & VM_SHARED) || (vma->vm_flags & VM_EXEC)) {
+		dev_dbg(&pd->dev, "mmap: must be MAP_SHARED without PROT_EXEC\n");
+		return -EINVAL;
+	}
+	if (vma->vm_pgoff > (pd->hdr.region_size >> PAGE_SHIFT)) {
+		dev_dbg(&pd->dev, "mmap: page offset %lu is beyond the region\n", vma->vm_pgoff);
+		return -EINVAL;
+	}
+	off = (u64)vma->vm_pgoff << PAGE_SHIFT;
+	if (!len || len > pd->hdr.region_size - off) {
+		dev_dbg(&pd->dev, "mmap: [%llu +%llu] is outside the %llu-byte region\n", off, len,
+			pd->hdr.region_size);
+		return -EINVAL;
+	}
+	if (!perfq_range_writable(pd, off, len)) {
+		if (vma->vm_flags & VM_WRITE) {
+			dev_dbg(&pd->dev, "mmap: [%llu +%llu] touches a read-only section\n", off, len);
+			return -EACCES;
+		}
+		vma->vm_flags &= ~VM_MAYWRITE;
+	}
+	vma->vm_flags &= ~VM_MAYEXEC;
+
+	down_read(&pd->lock);
+	if (pd->gone) {
+		ret = -ENODEV;
+	} else {
+		vma->vm_flags |= VM_IO | VM_PFNMAP | VM_DONTEXPAND | VM_DONTDUMP;
+		vma->vm_ops = &perfq_vm_ops;
+		vma->vm_private_data = pd;
+	}
+	up_read(&pd->lock);
+	return ret;
+}
+
+/* ------------------------------------------------------------------ */
+/* File operations                                                     */
+
+static int perfq_open(struct inode *inode, struct file *file)
+{
+	struct perfq_dev *pd = container_of(inode->i_cdev, struct perfq_dev, cdev);
+	int ret = 0;
+
+	get_device(&pd->dev);
+	down_read(&pd->lock);
+	if (pd->gone)
+		ret = -ENODEV;
+	up_read(&pd->lock);
+	if (ret)
+		goto err_put;
+
+	/*
+	 * Every open file shares one address_space, so that remove can revoke
+	 * all user mappings with one unmap_mapping_range().
+	 */
+	mutex_lock(&pd->open_lock);
+	if (!pd->mapping_inode)
+		pd->mapping_inode = igrab(inode);
+	if (pd->mapping_inode)
+		file->f_mapping = pd->mapping_inode->i_mapping;
+	else
+		ret = -ENODEV;
+	mutex_unlock(&pd->open_lock);
+	if (ret)
+		goto err_put;
+
+	file->private_data = pd;
+	return 0;
+
+err_put:
+	put_device(&pd->dev);
+	return ret;
+}
+
+static int perfq_release(struct inode *inode, struct file *file)
+{
+	struct perfq_dev *pd = file->private_data;
+
+	put_device(&pd->dev);
+	return 0;
+}
+
+static const struct file_operations perfq_fops = {
+	.owner = THIS_MODULE,
+	.open = perfq_open,
+	.release = perfq_release,
+	.mmap = perfq_mmap,
+	.unlocked_ioctl = perfq_ioctl,
+	.compat_ioctl = compat_ptr_ioctl,
+	.llseek = noop_llseek,
+};
+
+/* ------------------------------------------------------------------ */
+/* sysfs                                                               */
+
+static struct perfq_dev *perfq_from_dev(struct device *dev)
+{
+	return container_of(dev, struct perfq_dev, dev);
+}
+
+static ssize_t abi_version_show(struct device *dev, struct device_attribute *attr, char *buf)
+{
+	return sysfs_emit(buf, "%u\n", perfq_from_dev(dev)->hdr.abi_version);
+}
+static DEVICE_ATTR_RO(abi_version);
+
+static ssize_t ring_capacity_show(struct device *dev, struct device_attribute *attr, char *buf)
+{
+	return sysfs_emit(buf, "%llu\n", perfq_from_dev(dev)->hdr.ring_capacity);
+}
+static DEVICE_ATTR_RO(ring_capacity);
+
+static ssize_t region_size_show(struct device *dev, struct device_attribute *attr, char *buf)
+{
+	return sysfs_emit(buf, "%llu\n", perfq_from_dev(dev)->hdr.region_size);
+}
+static DEVICE_ATTR_RO(region_size);
+
+static ssize_t records_seen_show(struct device *dev, struct device_attribute *attr, char *buf)
+{
+	struct perfq_dev *pd = perfq_from_dev(dev);
+	struct perfq_host_ctrl *hc;
+	ssize_t ret;
+
+	down_read(&pd->lock);
+	if (pd->gone) {
+		ret = -ENODEV;
+	} else {
+		hc = perfq_section_ptr(pd, PERFQ_SECTION_HOST_CTRL);
+		ret = sysfs_emit(buf, "%llu\n", READ_ONCE(hc->tail_mirror));
+	}
+	up_read(&pd->lock);
+	return ret;
+}
+static DEVICE_ATTR_RO(records_seen);
+
+static ssize_t device_name_show(struct device *dev, struct device_attribute *attr, char *buf)
+{
+	return sysfs_emit(buf, "%s\n", (const char *)perfq_from_dev(dev)->hdr.device_name);
+}
+static DEVICE_ATTR_RO(device_name);
+
+static ssize_t link_speed_show(struct device *dev, struct device_attribute *attr, char *buf)
+{
+	struct perfq_dev *pd = perfq_from_dev(dev);
+
+	if (!pd->link_speed_mtps)
+		return sysfs_emit(buf, "unknown\n");
+	return sysfs_emit(buf, "%u.%u GT/s%s\n", pd->link_speed_mtps / 1000,
+			  (pd->link_speed_mtps % 1000) / 100,
+			  pd->link_of_port ? " (upstream port)" : "");
+}
+static DEVICE_ATTR_RO(link_speed);
+
+static ssize_t link_width_show(struct device *dev, struct device_attribute *attr, char *buf)
+{
+	struct perfq_dev *pd = perfq_from_dev(dev);
+
+	if (!pd->link_width)
+		return sysfs_emit(buf, "unknown\n");
+	return sysfs_emit(buf, "%u\n", pd->link_width);
+}
+static DEVICE_ATTR_RO(link_width);
+
+static struct attribute *perfq_attrs[] = {
+	&dev_attr_abi_version.attr,
+	&dev_attr_ring_capacity.attr,
+	&dev_attr_region_size.attr,
+	&dev_attr_records_seen.attr,
+	&dev_attr_device_name.attr,
+	&dev_attr_link_speed.attr,
+	&dev_attr_link_width.attr,
+	NULL,
+};
+ATTRIBUTE_GROUPS(perfq);
+
+/* ------------------------------------------------------------------ */
+/* PCI driver                                                          */
+
+static void perfq_dev_release(struct device *dev)
+{
+	struct perfq_dev *pd = perfq_from_dev(dev);
+
+	if (pd->mapping_inode)
+		iput(pd->mapping_inode);
+	ida_free(&perfq_ida, pd->minor);
+	kfree(pd);
+}
+
+/* The link of the device, or of the nearest upstream PCIe port. */
+static void perfq_read_link(struct perfq_dev *pd)
+{
+	static const u32 mtps[] = { 0, 2500, 5000, 8000, 16000, 32000, 64000 };
+	struct pci_dev *d = pd->pdev;
+	u16 lnksta = 0;
+	u32 cls;
+
+	while (d && !pci_is_pcie(d))
+		d = pci_upstream_bridge(d);
+	if (!d || pcie_capability_read_word(d, PCI_EXP_LNKSTA, &lnksta))
+		return;
+	cls = lnksta & PCI_EXP_LNKSTA_CLS;
+	pd->link_speed_mtps = cls < ARRAY_SIZE(mtps) ? mtps[cls] : 0;
+	pd->link_width = (lnksta & PCI_EXP_LNKSTA_NLW) >> PCI_EXP_LNKSTA_NLW_SHIFT;
+	pd->link_of_port = d != pd->pdev;
+}
+
+static int perfq_probe(struct pci_dev *pdev, const struct pci_device_id *id)
+{
+	struct perfq_region_header hdr;
+	struct perfq_dev *pd;
+	resource_size_t start, len;
+	void *base;
+	int ret;
+
+	BUILD_BUG_ON(sizeof(struct perfq_region_header) != 384);
+	BUILD_BUG_ON(sizeof(struct perfq_ioc_info) != 376);
+	BUILD_BUG_ON(sizeof(struct perfq_ioc_clock_samples) != 64 + PERFQ_SYNC_MAX_SAMPLES * 32);
+	BUILD_BUG_ON(PAGE_SIZE % PERFQ_PAGE_SIZE);
+
+	if (perfq_bar < 0 || perfq_bar >= PCI_STD_NUM_BARS) {
+		dev_err(&pdev->dev, "module parameter bar=%d is not a BAR number\n", perfq_bar);
+		return -EINVAL;
+	}
+	ret = pcim_enable_device(pdev);
+	if (ret) {
+		dev_err(&pdev->dev, "cannot enable the device: %d\n", ret);
+		return ret;
+	}
+	start = pci_resource_start(pdev, perfq_bar);
+	len = pci_resource_len(pdev, perfq_bar);
+	if (!(pci_resource_flags(pdev, perfq_bar) & IORESOURCE_MEM) || len < PAGE_SIZE) {
+		dev_err(&pdev->dev, "BAR %d is not a memory BAR of at least one page; device refused\n",
+			perfq_bar);
+		return -ENODEV;
+	}
+	/* Managed: released on unbind because the device was pcim-enabled. */
+	ret = pci_request_region(pdev, perfq_bar, PERFQ_NAME);
+	if (ret) {
+		dev_err(&pdev->dev, "BAR %d is busy: %d\n", perfq_bar, ret);
+		return ret;
+	}
+	base = devm_memremap(&pdev->dev, start, len, MEMREMAP_WB);
+	if (IS_ERR(base)) {
+		dev_err(&pdev->dev, "cannot map BAR %d: %ld\n", perfq_bar, PTR_ERR(base));
+		return PTR_ERR(base);
+	}
+
+	/* Pairs with the device's store-release of the magic (written last). */
+	hdr.magic = smp_load_acquire((u64 *)base);
+	memcpy((u8 *)&hdr + sizeof(hdr.magic), (u8 *)base + sizeof(hdr.magic),
+	       sizeof(hdr) - sizeof(hdr.magic));
+	ret = perfq_validate_header(&pdev->dev, &hdr, len);
+	if (ret)
+		return ret;
+
+	pd = kzalloc(sizeof(*pd), GFP_KERNEL);
+	if (!pd)
+		return -ENOMEM;
+	ret = ida_alloc_max(&perfq_ida, PERFQ_MAX_DEVICES - 1, GFP_KERNEL);
+	if (ret < 0) {
+		dev_err(&pdev->dev, "no free perfq minor: %d\n", ret);
+		kfree(pd);
+		return ret;
+	}
+	pd->minor = ret;
+	pd->pdev = pdev;
+	pd->base = base;
+	pd->bar_start = start;
+	pd->bar_len = len;
+	pd->hdr = hdr;
+	init_rwsem(&pd->lock);
+	mutex_init(&pd->clock_lock);
+	mutex_init(&pd->open_lock);
+	perfq_read_link(pd);
+
+	/* From here on pd belongs to pd->dev: put_device frees it. */
+	device_initialize(&pd->dev);
+	pd->dev.class = perfq_class;
+	pd->dev.parent = &pdev->dev;
+	pd->dev.devt = MKDEV(MAJOR(perfq_devt), pd->minor);
+	pd->dev.groups = perfq_groups;
+	pd->dev.release = perfq_dev_release;
+	ret = dev_set_name(&pd->dev, PERFQ_NAME "%d", pd->minor);
+	if (ret)
+		goto err_put;
+	cdev_init(&pd->cdev, &perfq_fops);
+	pd->cdev.owner = THIS_MODULE;
+	ret = cdev_device_add(&pd->cdev, &pd->dev);
+	if (ret) {
+		dev_err(&pdev->dev, "cannot add /dev/%s: %d\n", dev_name(&pd->dev), ret);
+		goto err_put;
+	}
+	pci_set_drvdata(pdev, pd);
+	dev_info(&pdev->dev, "%s: device '%s', region %llu bytes in BAR %d (%llu bytes), ring %llu records, abi %u\n",
+		 dev_name(&pd->dev), (const char *)hdr.device_name, hdr.region_size, perfq_bar,
+		 (u64)len, hdr.ring_capacity, hdr.abi_version);
+	return 0;
+
+err_put:
+	put_device(&pd->dev);
+	return ret;
+}
+
+static void perfq_remove(struct pci_dev *pdev)
+{
+	struct perfq_dev *pd = pci_get_drvdata(pdev);
+	struct inode *inode;
+
+	cdev_device_del(&pd->cdev, &pd->dev);
+
+	/* No ioctl, fault or sysfs read is inside once we hold the lock. */
+	down_write(&pd->lock);
+	pd->gone = true;
+	up_write(&pd->lock);
+
+	mutex_lock(&pd->open_lock);
+	inode = pd->mapping_inode;
+	mutex_unlock(&pd->open_lock);
+	/* Revoke every user mapping: the next access faults and gets SIGBUS. */
+	if (inode)
+		unmap_mapping_range(inode->i_mapping, 0, 0, 1);
+
+	dev_info(&pdev->dev, "%s removed: user mappings revoked, ioctls now return -ENODEV\n",
+		 dev_name(&pd->dev));
+	pci_set_drvdata(pdev, NULL);
+	put_device(&pd->dev);
+}
+
+static const struct pci_device_id perfq_pci_ids[] = {
+	{ PCI_DEVICE(PCI_VENDOR_ID_REDHAT_QUMRANET, 0x1110) }, /* QEMU ivshmem */
+	{ }
+};
+MODULE_DEVICE_TABLE(pci, perfq_pci_ids);
+
+static struct pci_driver perfq_pci_driver = {
+	.name = PERFQ_NAME,
+	.id_table = perfq_pci_ids,
+	.probe = perfq_probe,
+	.remove = perfq_remove,
+};
+
+static int __init perfq_init(void)
+{
+	int ret;
+
+	ret = alloc_chrdev_region(&perfq_devt, 0, PERFQ_MAX_DEVICES, PERFQ_NAME);
+	if (ret)
+		return ret;
+#if LINUX_VERSION_CODE >= KERNEL_VERSION(6, 4, 0)
+	perfq_class = class_create(PERFQ_NAME);
+#else
+	perfq_class = class_create(THIS_MODULE, PERFQ_NAME);
+#endif
+	if (IS_ERR(perfq_class)) {
+		ret = PTR_ERR(perfq_class);
+		goto err_chrdev;
+	}
+	ret = pci_register_driver(&perfq_pci_driver);
+	if (ret)
+		goto err_class;
+	return 0;
+
+err_class:
+	class_destroy(perfq_class);
+err_chrdev:
+	unregister_chrdev_region(perfq_devt, PERFQ_MAX_DEVICES);
+	return ret;
+}
+
+static void __exit perfq_exit(void)
+{
+	pci_unregister_driver(&perfq_pci_driver);
+	class_destroy(perfq_class);
+	unregister_chrdev_region(perfq_devt, PERFQ_MAX_DEVICES);
+}
+
+module_init(perfq_init);
+module_exit(perfq_exit);
+
+MODULE_DESCRIPTION("perfq: PCIe device trace region, timer register and clock sampling");
+MODULE_LICENSE("GPL");

@@ -1,0 +1,439 @@
+#!/usr/bin/env python3
+"""Run the perfq QEMU scenarios: the driver in a real Debian kernel, the
+device (perfq-devsim) outside the guest on the region file behind an
+ivshmem-plain device.
+
+  qemu/run-scenarios.py [--build DIR] [--results FILE] [SCENARIO...]
+  qemu/run-scenarios.py --shell          boot the guest interactively
+
+Each scenario boots its own guest (TCG; PERFQ_QEMU_ACCEL=kvm to try KVM)
+under `timeout`, waits for markers on the serial console, does what the
+guest asks of the host (stop the device, unplug it over QMP), and checks
+what came back.  The results file gets one "PASS name" / "FAIL name" line
+per scenario; the last line printed is "qemu: N passed, M failed".
+"""
+import argparse
+import base64
+import json
+import os
+import queue
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SCENARIOS = ["load", "badinput", "e2e", "unplug"]
+REGION_SIZE = 4 << 20  # a power of two: it becomes the ivshmem BAR
+MAGIC = 0x4E47525146524550
+EXIT_PASS = (16 << 1) | 1  # isa-debug-exit: (value << 1) | 1
+
+
+def log(msg):
+    print(f"qemu: {msg}", flush=True)
+
+
+class Qmp:
+    """The few QMP calls the scenarios need."""
+
+    def __init__(self, path, timeout=10.0):
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+                self.sock.connect(path)
+                break
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.05)
+        self.sock.settimeout(timeout)
+        self.buf = b""
+        self.events = []
+        self._read()  # greeting
+        self.execute("qmp_capabilities")
+
+    def _read(self):
+        while b"\n" not in self.buf:
+            chunk = self.sock.recv(65536)
+            if not chunk:
+                raise EOFError("QMP closed")
+            self.buf += chunk
+        line, self.buf = self.buf.split(b"\n", 1)
+        return json.loads(line)
+
+    def execute(self, cmd, **args):
+        msg = {"execute": cmd}
+        if args:
+            msg["arguments"] = args
+        self.sock.sendall(json.dumps(msg).encode() + b"\n")
+        while True:
+            r = self._read()
+            if "event" in r:
+                self.events.append(r)
+                continue
+            if "error" in r:
+                raise RuntimeError(f"QMP {cmd}: {r['error']}")
+            return r.get("return")
+
+    def wait_event(self, name, pred, timeout):
+        deadline = time.monotonic() + timeout
+        while True:
+            for e in self.events:
+                if e["event"] == name and pred(e.get("data", {})):
+                    return e
+            self.events.clear()
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return None
+            self.sock.settimeout(left)
+            try:
+                r = self._read()
+            except (socket.timeout, TimeoutError):
+                return None
+            if "event" in r:
+                self.events.append(r)
+
+
+class Run:
+    def __init__(self, args, name):
+        self.args = args
+        self.name = name
+        self.bindir = os.path.join(args.build, "bin")
+        self.qdir = os.path.join(args.build, "qemu")
+        self.dir = os.path.join(self.qdir, "run", name)
+        shutil.rmtree(self.dir, ignore_errors=True)
+        os.makedirs(self.dir)
+        self.shm = f"/dev/shm/perfq-qemu-{os.getpid()}-{name}"
+        self.checks = []  # (ok, text)
+        self.devsim = None
+        self.devsim_json = None
+        self.qmp = None
+        self.lines = queue.Queue()
+
+    def check(self, ok, text):
+        self.checks.append((bool(ok), text))
+        log(f"  {'ok' if ok else 'FAIL'}: [host] {text}")
+        return ok
+
+    # ---- the device, outside the guest
+
+    def make_region(self, path, good=True):
+        with open(path, "wb") as f:
+            f.truncate(REGION_SIZE)
+            if not good:
+                f.write(b"NOTPERFQ")
+
+    def start_devsim(self, path):
+        cmd = [os.path.join(self.bindir, "perfq-devsim"), "--region", path, "--create",
+               "--region-size", str(REGION_SIZE), "--device-name", "perfq-qemu",
+               "--rate", "500", "--workers", "2", "--job-workers", "2"]
+        self.devsim_out = open(os.path.join(self.dir, "devsim.json"), "w+")
+        self.devsim_err = open(os.path.join(self.dir, "devsim.log"), "w")
+        self.devsim = subprocess.Popen(cmd, stdout=self.devsim_out, stderr=self.devsim_err)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            with open(path, "rb") as f:
+                if int.from_bytes(f.read(8), "little") == MAGIC:
+                    return
+            if self.devsim.poll() is not None:
+                break
+            time.sleep(0.02)
+        raise RuntimeError("perfq-devsim did not initialise the region")
+
+    def stop_devsim(self):
+        if not self.devsim or self.devsim_json is not None:
+            return
+        self.devsim.send_signal(signal.SIGINT)
+        try:
+            self.devsim.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            self.devsim.kill()
+            self.devsim.wait()
+        self.devsim_out.seek(0)
+        text = self.devsim_out.read().strip().splitlines()
+        try:
+            self.devsim_json = json.loads(text[-1]) if text else {}
+        except json.JSONDecodeError:
+            self.devsim_json = {}
+        log(f"  devsim: {json.dumps(self.devsim_json)[:400]}")
+
+    # ---- the guest
+
+    def qemu_cmd(self, regions, append, interactive=False):
+        with open(os.path.join(self.qdir, "kernel")) as f:
+            kernel = f.read().strip()
+        accel = os.environ.get("PERFQ_QEMU_ACCEL", "tcg")
+        cmd = ["qemu-system-x86_64", "-machine", f"q35,accel={accel}", "-m", "512M",
+               "-smp", os.environ.get("PERFQ_QEMU_SMP", "2"), "-no-reboot",
+               # No default NIC (its option ROM), VGA or drives: the firmware
+               # has nothing to initialise but what we add.
+               "-nodefaults", "-vga", "none",
+               "-kernel", kernel, "-initrd", os.path.join(self.qdir, "initramfs.cpio"),
+               "-append", f"console=ttyS0 quiet loglevel=4 panic=-1 {append}",
+               "-device", "isa-debug-exit,iobase=0xf4,iosize=0x04",
+               "-qmp", f"unix:{self.dir}/qmp.sock,server=on,wait=off"]
+        cmd += ["-cpu", "max" if accel == "tcg" else "host"]
+        if os.environ.get("PERFQ_QEMU_BIOS"):
+            cmd += ["-bios", os.environ["PERFQ_QEMU_BIOS"]]
+        if interactive:
+            cmd += ["-display", "none", "-serial", "mon:stdio"]
+        else:
+            cmd += ["-display", "none", "-monitor", "none", "-serial", "stdio",
+                    "-serial", f"file:{self.dir}/ttyS1.txt"]
+        for i, path in enumerate(regions):
+            cmd += ["-device", f"pcie-root-port,id=rp{i},chassis={i + 1},slot={i + 1}",
+                    "-object", f"memory-backend-file,id=mb{i},size={REGION_SIZE},"
+                               f"mem-path={path},share=on",
+                    "-device", f"ivshmem-plain,id=ivs{i},memdev=mb{i},bus=rp{i}"]
+        return cmd
+
+    def boot(self, regions, timeout):
+        cmd = ["timeout", "--kill-after=5", str(timeout)] + \
+            self.qemu_cmd(regions, f"perfqtest={self.name}")
+        with open(os.path.join(self.dir, "qemu-cmd.txt"), "w") as f:
+            f.write(" ".join(cmd) + "\n")
+        self.t0 = time.monotonic()
+        self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                     stderr=subprocess.STDOUT)
+        self.console = open(os.path.join(self.dir, "console.log"), "wb")
+
+        def reader():
+            for raw in self.proc.stdout:
+                self.console.write(raw)
+                self.console.flush()
+                self.lines.put(raw.decode(errors="replace").rstrip("\r\n"))
+            self.lines.put(None)
+
+        threading.Thread(target=reader, daemon=True).start()
+
+    def serve(self, deadline):
+        """Follow the console until the guest reports; answer its requests."""
+        result = None
+        while True:
+            try:
+                line = self.lines.get(timeout=max(0.1, deadline - time.monotonic()))
+            except queue.Empty:
+                line = ""
+            if line is None:
+                break
+            if time.monotonic() > deadline:
+                self.check(False, f"the guest did not finish within {self.args.timeout} s")
+                break
+            if not line:
+                continue
+            if line.startswith(("ok:", "FAIL:", "measure:", "PERFQ-", "demo-app:",
+                                "fuzz:", "clock:", "info:", "dmesg: ", "hold:", "daemon:",
+                                "record:", "status:", "note:")) or "perfq" in line.lower():
+                log(f"  guest| {line}")
+            if line.startswith("PERFQ-BOOTED"):
+                log(f"  guest booted to init in {time.monotonic() - self.t0:.1f} s")
+            elif line.startswith("PERFQ-HOST stop-devsim"):
+                self.stop_devsim()
+            elif line.startswith("PERFQ-HOST unplug"):
+                self.unplug()
+            elif line.startswith("PERFQ-RESULT"):
+                result = line
+        try:
+            rc = self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            rc = self.proc.wait()
+        self.elapsed = time.monotonic() - self.t0
+        return result, rc
+
+    def saw(self, text):
+        with open(os.path.join(self.dir, "console.log"), "rb") as f:
+            return text.encode() in f.read()
+
+    def unplug(self):
+        try:
+            if not self.qmp:
+                self.qmp = Qmp(os.path.join(self.dir, "qmp.sock"))
+            t = time.monotonic()
+            self.qmp.execute("device_del", id="ivs0")
+            ev = self.qmp.wait_event("DEVICE_DELETED", lambda d: d.get("device") == "ivs0", 30)
+            self.check(ev is not None,
+                       f"QMP device_del ivs0: DEVICE_DELETED after {time.monotonic() - t:.2f} s")
+        except Exception as e:  # noqa: BLE001 - reported as a failed check
+            self.check(False, f"QMP device_del: {e}")
+
+    def files(self):
+        """Files the guest sent over ttyS1 (base64 between markers)."""
+        out = {}
+        path = os.path.join(self.dir, "ttyS1.txt")
+        if not os.path.exists(path):
+            return out
+        name, chunks = None, []
+        with open(path, errors="replace") as f:
+            for line in f:
+                line = line.strip()
+                if line.startswith("PERFQ-FILE-BEGIN "):
+                    name, chunks = line.split(" ", 1)[1], []
+                elif line.startswith("PERFQ-FILE-END ") and name:
+                    data = base64.b64decode("".join(chunks))
+                    dest = os.path.join(self.dir, name)
+                    with open(dest, "wb") as g:
+                        g.write(data)
+                    out[name] = dest
+                    name = None
+                elif name:
+                    chunks.append(line)
+        return out
+
+    def cleanup(self):
+        if self.devsim and self.devsim.poll() is None:
+            self.devsim.kill()
+            self.devsim.wait()
+        if self.qmp:
+            self.qmp.sock.close()
+        for suffix in ("", "-bad"):
+            try:
+                os.unlink(self.shm + suffix)
+            except FileNotFoundError:
+                pass
+
+    # ---- checks on what came back
+
+    def check_trace(self, path, expect_jobs):
+        rep = subprocess.run([os.path.join(self.bindir, "perfqctl"), "report", "--json", path],
+                             capture_output=True, text=True, timeout=60)
+        if not self.check(rep.returncode == 0, f"perfqctl report --json reads the trace "
+                                               f"({rep.stderr.strip()[:200]})"):
+            return None
+        r = json.loads(rep.stdout)
+        with open(os.path.join(self.dir, "report.json"), "w") as f:
+            f.write(rep.stdout)
+        self.check(r.get("complete") and r.get("clean_end"), "the trace is complete with a clean end")
+        return r
+
+    def check_e2e(self, r, demo):
+        d = self.devsim_json or {}
+        delivered = d.get("delivered")
+        self.check(delivered is not None and d.get("dropped", 1) == 0,
+                   f"devsim accounted its records: emitted {d.get('emitted')} delivered "
+                   f"{delivered} dropped {d.get('dropped')}")
+        dev = r["records"]["device"]
+        self.check(dev == delivered, f"every device record arrived: trace has {dev}, "
+                                     f"devsim delivered {delivered}")
+        streams = {s["stream"]: s["records"] for s in r["records"]["streams"]
+                   if s["kind"] == "device"}
+        for s in d.get("streams", []):
+            got = streams.get(s["stream"], 0)
+            self.check(got == s["delivered"], f"stream {s['name']}: {got} of {s['delivered']} "
+                                              f"records (indices contiguous: lost "
+                                              f"{s['lost_reported']})")
+        self.check(r["lost"]["device"] == 0, f"no device loss reported ({r['lost']['device']})")
+        jobs = r.get("jobs", {})
+        self.check(r.get("causality_violations", 1) == 0,
+                   f"causality holds for every job: {jobs.get('count')} correlated jobs, "
+                   f"{r.get('causality_violations')} violations")
+        if demo and demo.get("completed") and demo.get("host_events", {}).get("connected"):
+            self.check(jobs.get("count", 0) == demo["completed"],
+                       f"every demo-app job is correlated host<->device: {jobs.get('count')} of "
+                       f"{demo['completed']}")
+        sync = r.get("sync", {})
+        self.check(sync.get("samples", 0) > 0 and "uncertainty_ns" in sync,
+                   f"sync: {sync.get('samples')} samples, {sync.get('models')} models, offset "
+                   f"{sync.get('offset_ns')} ns, uncertainty {sync.get('uncertainty_ns')} ns, "
+                   f"drift {sync.get('drift_ppm')} ppm")
+
+
+def run_scenario(args, name):
+    run = Run(args, name)
+    log(f"--- scenario {name}")
+    try:
+        regions = []
+        if name in ("load", "badinput", "e2e", "unplug"):
+            run.make_region(run.shm)
+            run.start_devsim(run.shm)
+            regions.append(run.shm)
+        if name == "badinput":
+            run.make_region(run.shm + "-bad", good=False)
+            regions.append(run.shm + "-bad")
+        run.boot(regions, args.timeout)
+        result, rc = run.serve(time.monotonic() + args.timeout + 5)
+        run.check(result is not None and result.split()[2:3] == ["PASS"],
+                  f"guest reports: {result or 'nothing'}")
+        run.check(rc == EXIT_PASS, f"QEMU exit status {rc} (isa-debug-exit pass is {EXIT_PASS})")
+        run.stop_devsim()
+        no_daemon = name == "unplug" and run.saw("no perfq-daemon in this build")
+        if no_daemon:
+            log("  note: no perfq-daemon in this build: the unplug's trace part is not checked")
+        if name in ("e2e", "unplug") and not no_daemon:
+            files = run.files()
+            demo = None
+            if "demo.json" in files:
+                with open(files["demo.json"]) as f:
+                    try:
+                        demo = json.loads(f.read().strip().splitlines()[-1])
+                    except (json.JSONDecodeError, IndexError):
+                        demo = None
+            if run.check("t.trace" in files, "the trace came back over ttyS1"):
+                log(f"  trace: {os.path.getsize(files['t.trace'])} bytes in {run.dir}")
+                rep = run.check_trace(files["t.trace"], name == "e2e")
+                if rep and name == "e2e":
+                    run.check_e2e(rep, demo)
+                elif rep:
+                    run.check(rep["records"]["device"] > 0,
+                              f"the trace holds the records from before the unplug "
+                              f"({rep['records']['device']} device, "
+                              f"{rep['records']['host']} host)")
+    except Exception as e:  # noqa: BLE001 - a broken scenario is a failed one
+        run.check(False, f"runner error: {e!r}")
+    finally:
+        run.cleanup()
+    ok = all(c[0] for c in run.checks) and bool(run.checks)
+    elapsed = getattr(run, "elapsed", 0.0)
+    log(f"{'PASS' if ok else 'FAIL'} {name} ({elapsed:.1f} s in the guest; logs in {run.dir})")
+    return ok
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--build", default=os.path.join(ROOT, "build"), help="build folder (bin/ inside)")
+    ap.add_argument("--results", help="write PASS/FAIL lines here")
+    ap.add_argument("--timeout", type=int, default=90, help="seconds per guest boot")
+    ap.add_argument("--shell", action="store_true", help="boot the guest interactively")
+    ap.add_argument("--no-build", action="store_true", help="reuse the built guest")
+    ap.add_argument("scenarios", nargs="*", default=SCENARIOS)
+    args = ap.parse_args()
+    args.build = os.path.abspath(args.build)
+
+    if not args.no_build:
+        r = subprocess.run([os.path.join(ROOT, "qemu", "build-guest.sh"), args.build])
+        if r.returncode != 0:
+            log("building the guest failed")
+            if args.results:
+                with open(args.results, "w") as f:
+                    f.writelines(f"FAIL {s}\n" for s in args.scenarios)
+            print(f"qemu: 0 passed, {len(args.scenarios)} failed")
+            return 1
+
+    if args.shell:
+        run = Run(args, "shell")
+        run.make_region(run.shm)
+        run.start_devsim(run.shm)
+        try:
+            subprocess.call(run.qemu_cmd([run.shm], "perfqtest=shell", interactive=True))
+        finally:
+            run.cleanup()
+        return 0
+
+    t0 = time.monotonic()
+    results = [(s, run_scenario(args, s)) for s in args.scenarios]
+    passed = sum(1 for _, ok in results if ok)
+    if args.results:
+        os.makedirs(os.path.dirname(os.path.abspath(args.results)), exist_ok=True)
+        with open(args.results, "w") as f:
+            f.writelines(f"{'PASS' if ok else 'FAIL'} {s}\n" for s, ok in results)
+    log(f"scenarios took {time.monotonic() - t0:.1f} s")
+    print(f"qemu: {passed} passed, {len(results) - passed} failed", flush=True)
+    return 0 if passed == len(results) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
