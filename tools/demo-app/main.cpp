@@ -1,8 +1,14 @@
 // perfq-demo-app: a host program driving the software device's emulated
 // accelerator.  Each thread claims a job channel, submits jobs (correlation
 // id, requested duration), and waits for their completions, keeping a few in
-// flight.  Prints one JSON line: jobs submitted and completed, and the host's
-// view of the submit-to-complete latency.
+// flight.  Prints one JSON line: jobs submitted and completed, the host's
+// view of the submit-to-complete latency, and the host events it recorded.
+//
+// Instrumented with the host API (perfq.h): each thread records job_submit
+// just before it pushes a job to the device and job_complete when it sees
+// the job's completion, arg = the job's correlation id (the id the device
+// records in job_start/job_end).  Without a perfq-daemon the events are
+// dropped (counted) and the jobs run all the same.
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
@@ -18,6 +24,7 @@
 #include "perfq/device.h"
 #include "perfq/device_clock.h"
 #include "perfq/jobq.h"
+#include "perfq/perfq.hpp"
 #include "perfq/transport.h"
 
 namespace perfq {
@@ -30,6 +37,13 @@ struct Options {
   double job_us = 20;
   unsigned inflight = 4;
   double timeout_s = 10;
+  std::string socket;  // perfq-daemon's socket; empty: $PERFQ_SOCKET or the default
+  double connect_s = 0.5;
+};
+
+struct HostEvents {
+  Event submit{"job_submit", EventKind::kInstant};
+  Event complete{"job_complete", EventKind::kInstant};
 };
 
 struct ThreadResult {
@@ -39,7 +53,8 @@ struct ThreadResult {
 };
 
 void run_thread(const JobQueue& q, unsigned t, uint64_t count, const Options& o,
-                ThreadResult& res) {
+                const HostEvents& ev, ThreadResult& res) {
+  perfq_thread_init(("job-" + std::to_string(t)).c_str());
   auto ch = q.claim(static_cast<uint64_t>(getpid()));
   if (!ch) {
     res.error = ch.status().message();
@@ -58,6 +73,7 @@ void run_thread(const JobQueue& q, unsigned t, uint64_t count, const Options& o,
       const uint64_t now = monotonic_ns();
       const perfq_job job{prefix | (res.submitted + 1), static_cast<uint64_t>(o.job_us * 1000),
                           now, 0};
+      instant(ev.submit, job.corr_id);
       if (!ch->submit(job)) break;
       submit_time.emplace(job.corr_id, now);
       ++res.submitted;
@@ -71,6 +87,7 @@ void run_thread(const JobQueue& q, unsigned t, uint64_t count, const Options& o,
         ++res.unknown;  // not ours: the device answered garbage
         continue;
       }
+      instant(ev.complete, c.corr_id);
       res.latency_ns.push_back(now - it->second);
       submit_time.erase(it);
       ++res.completed;
@@ -118,12 +135,16 @@ int run(const Options& o) {
                  o.threads, q->channels());
     return 2;
   }
+  perfq_init("perfq-demo-app", o.socket.empty() ? nullptr : o.socket.c_str());
+  const HostEvents ev;
+  // Give a running daemon a moment, so the first jobs are recorded too.
+  const bool connected = perfq_wait_connected(static_cast<int>(o.connect_s * 1000)) == 1;
   std::vector<ThreadResult> results(o.threads);
   std::vector<std::thread> threads;
   const uint64_t start = monotonic_ns();
   for (unsigned t = 0; t < o.threads; ++t) {
     const uint64_t count = o.jobs / o.threads + (t < o.jobs % o.threads ? 1 : 0);
-    threads.emplace_back([&, t, count] { run_thread(*q, t, count, o, results[t]); });
+    threads.emplace_back([&, t, count] { run_thread(*q, t, count, o, ev, results[t]); });
   }
   for (auto& th : threads) th.join();
   const double elapsed = static_cast<double>(monotonic_ns() - start) / 1e9;
@@ -141,13 +162,24 @@ int run(const Options& o) {
       rc = 1;
     }
   }
+  perfq_stats hs{};
+  perfq_get_stats(&hs);
   nlohmann::json out = {{"submitted", submitted},
                         {"completed", completed},
                         {"unknown_completions", unknown},
                         {"threads", o.threads},
                         {"elapsed_s", elapsed},
-                        {"latency_ns", {{"p50", percentile(lat, 50)}, {"p99", percentile(lat, 99)}}}};
+                        {"latency_ns", {{"p50", percentile(lat, 50)}, {"p99", percentile(lat, 99)}}},
+                        // recorded + dropped + not_recording + lost = the events attempted
+                        {"host_events",
+                         {{"recorded", hs.recorded},
+                          {"dropped", hs.dropped},
+                          {"not_recording", hs.not_recording},
+                          {"lost", hs.lost},
+                          {"connected", connected}}}};
   std::printf("%s\n", out.dump().c_str());
+  std::fflush(stdout);
+  perfq_shutdown();
   return rc;
 }
 
@@ -174,6 +206,13 @@ int main(int argc, char** argv) {
   app.add_option("--timeout", o.timeout_s, "Give up after S seconds without a completion")
       ->capture_default_str()
       ->check(CLI::PositiveNumber);
+  app.add_option("--socket", o.socket,
+                 "perfq-daemon's control socket (default: $PERFQ_SOCKET, else " PERFQ_DEFAULT_SOCKET
+                 ")");
+  app.add_option("--connect-timeout", o.connect_s,
+                 "Wait up to S seconds for the daemon before starting the jobs")
+      ->capture_default_str()
+      ->check(CLI::Range(0.0, 60.0));
   CLI11_PARSE(app, argc, argv);
   return perfq::run(o);
 }

@@ -4,13 +4,17 @@
 //   shm:PATH     the region is a file (e.g. under /dev/shm, or the file
 //                backing QEMU's ivshmem device) that the device also maps;
 //                timer reads are the request/response exchange.
-//   /dev/perfqN  the region comes from the perfq driver's mmap and clock
-//                samples from its ioctl (comes with the driver).
+//   /dev/perfqN  the region comes from the perfq driver's mmap (each
+//                section mapped by offset with the protection the driver
+//                allows) and clock samples from its ioctl, taken by the
+//                kernel with interrupts off.  When the device goes away its
+//                mappings are revoked; the fault guard (fault_guard.h) turns
+//                the SIGBUS into gone() == true.
 //
 // A transport hands the layers above the validated region (ring, control
 // pages, sync page, dictionary) and bracketed reads of the timer register.
 // Threading: clock_samples() is for one thread (the sync thread) at a time;
-// region() may be used by any.
+// region() and gone() may be used by any.
 #pragma once
 
 #include <chrono>
@@ -39,10 +43,16 @@ class DeviceTransport {
   virtual Result<std::vector<perfq_clock_sample>> clock_samples(
       uint32_t round, size_t n,
       std::chrono::microseconds timeout = std::chrono::milliseconds(50)) = 0;
+
+  // True once the device is known to be gone (its mappings were revoked, or
+  // the driver answered ENODEV).  The region then reads zeros, and
+  // clock_samples() fails with Errc::kUnavailable "device gone".  Check it
+  // after each poll and finish up.
+  virtual bool gone() const { return false; }
 };
 
-// Open "shm:PATH" (the /dev/perfqN form arrives with the driver).  The error
-// says what was wrong with the spec or the region.
+// Open "shm:PATH" or "/dev/perfqN".  The error says what was wrong with the
+// spec, the driver's answer or the region.
 Result<std::unique_ptr<DeviceTransport>> open_transport(const std::string& spec);
 
 }  // namespace perfq

@@ -1,0 +1,73 @@
+// Internal: the application side of the control socket, as both ends speak
+// it (client.cpp in the application, host_apps.cpp in the daemon).
+//
+// Line-delimited JSON over a Unix stream socket, one object per
+// '\n'-terminated line of at most kAppMaxLine bytes.  Every request of the
+// application gets exactly one reply line; the daemon never sends anything
+// unasked, and the application sends nothing before it has read the reply
+// to its previous request.
+//
+//   app -> daemon                                  daemon -> app
+//   {"cmd":"app_hello","version":1,"pid":P,        {"ok":true,"source":S,"ring_records":C,
+//    "name":"...","events":[{"id":1,                "recording":true}
+//    "name":"job_submit","kind":3},...]}
+//   {"cmd":"events","events":[{"id":..,            {"ok":true}
+//    "name":..,"kind":..}]}
+//   {"cmd":"thread","tid":T,"name":"worker-1"}     {"ok":true,"stream":N,"ring_records":C,
+//                                                   "bytes":B}  + the ring's memfd (SCM_RIGHTS)
+//   anything else, malformed, oversized            {"ok":false,"error":"..."}
+//
+// An oversized line also ends the connection.  Thread exit is not a message:
+// the thread marks its ring finished (perfq_app_ring_header.finished);
+// process exit is the connection's EOF.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <string>
+
+#include "perfq/mapping.h"
+#include "perfq/status.h"
+
+namespace perfq {
+
+inline constexpr size_t kAppMaxLine = 64 * 1024;
+inline constexpr int kAppProtoVersion = 1;
+
+// Accumulates bytes read from a stream socket and cuts them into lines.
+class LineBuffer {
+ public:
+  void append(const char* p, size_t n) { buf_.append(p, n); }
+  // The next complete line without its '\n', if any.
+  std::optional<std::string> next_line();
+  // True when the pending (incomplete) data already exceeds kAppMaxLine.
+  bool overflow() const { return buf_.size() - start_ > kAppMaxLine; }
+  bool empty() const { return buf_.size() == start_; }
+  void clear() {
+    buf_.clear();
+    start_ = 0;
+    scanned_ = 0;
+  }
+
+ private:
+  std::string buf_;
+  size_t start_ = 0;    // first byte not yet returned
+  size_t scanned_ = 0;  // bytes from start_ known to hold no '\n'
+};
+
+// Send line + '\n' in full (blocking socket: up to its SO_SNDTIMEO;
+// non-blocking: fails on EAGAIN).  pass_fd >= 0 travels with the first
+// byte (SCM_RIGHTS).  MSG_NOSIGNAL: a closed peer is an error, never SIGPIPE.
+Status send_line(int sock, const std::string& line, int pass_fd = -1);
+
+// Read up to one chunk into buf; any fds passed with it are appended to
+// *fds when fds is not null (closed otherwise).  Returns bytes read, 0 at
+// EOF, -errno on error (-EAGAIN for a non-blocking socket with nothing).
+long recv_chunk(int sock, LineBuffer& buf, UniqueFd* fd_out);
+
+// Blocking read of one line (bounded by the socket's SO_RCVTIMEO), with
+// the fd passed with it, if any.
+Result<std::string> read_line(int sock, LineBuffer& buf, UniqueFd* fd_out);
+
+}  // namespace perfq

@@ -1,0 +1,269 @@
+// Host instrumentation API benchmarks, each beside a baseline measured in
+// the same run:
+//
+//   perfq_instant_ns         perfq_instant() connected to a daemon (HostApps
+//                            in this process, a collector thread draining)
+//   bare_push_ns             SpscProducer::try_push of the same record into
+//                            a heap ring, a consumer thread draining
+//   perfq_instant_nodaemon_ns  perfq_instant() with no daemon (a no-op that counts)
+//   clock_ns                 monotonic_ns() alone, the timestamp's share
+//
+// Every figure is the median of the repetitions (5 unless
+// --benchmark_repetitions is given); the table is printed at the end and
+// written as JSON with --out=FILE.
+#include <benchmark/benchmark.h>
+#include <poll.h>
+#include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstdio>
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "perfq/device_clock.h"
+#include "perfq/host_apps.h"
+#include "perfq/perfq.h"
+#include "perfq/spsc_ring.h"
+
+namespace perfq {
+namespace {
+
+constexpr uint64_t kCapacity = 1u << 16;
+
+// HostApps behind a listening socket, and a collector thread draining it.
+class BenchDaemon {
+ public:
+  BenchDaemon() : apps_(make_opts()) {
+    char tmpl[] = "/tmp/perfq-bench-XXXXXX";
+    dir_ = mkdtemp(tmpl);
+    path_ = dir_ + "/d.sock";
+    listen_.reset(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
+    sockaddr_un a{};
+    a.sun_family = AF_UNIX;
+    std::snprintf(a.sun_path, sizeof(a.sun_path), "%s", path_.c_str());
+    if (::bind(listen_.get(), reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0 ||
+        ::listen(listen_.get(), 8) != 0)
+      std::abort();
+    stop_fd_.reset(::eventfd(0, EFD_CLOEXEC));
+    accept_ = std::thread([this] { accept_loop(); });
+    collector_ = std::thread([this] {
+      while (!stop_.load(std::memory_order_relaxed)) {
+        const size_t n = apps_.drain([&](uint16_t, std::span<const perfq_record> r) {
+          drained_.fetch_add(r.size(), std::memory_order_relaxed);
+        });
+        if (n == 0) std::this_thread::yield();
+      }
+    });
+  }
+  ~BenchDaemon() {
+    stop_ = true;
+    const uint64_t one = 1;
+    [[maybe_unused]] ssize_t n = ::write(stop_fd_.get(), &one, sizeof(one));
+    accept_.join();
+    collector_.join();
+    ::unlink(path_.c_str());
+    ::rmdir(dir_.c_str());
+  }
+  const std::string& path() const { return path_; }
+
+ private:
+  static HostAppsOptions make_opts() {
+    HostAppsOptions o;
+    o.ring_records = kCapacity;
+    o.recording = true;
+    return o;
+  }
+  void accept_loop() {
+    while (true) {
+      pollfd p[2] = {{listen_.get(), POLLIN, 0}, {stop_fd_.get(), POLLIN, 0}};
+      ::poll(p, 2, -1);
+      if (p[1].revents) return;
+      UniqueFd c(::accept4(listen_.get(), nullptr, nullptr, SOCK_CLOEXEC));
+      if (!c.valid()) continue;
+      std::string line;
+      char ch;
+      while (::recv(c.get(), &ch, 1, 0) == 1 && ch != '\n') line.push_back(ch);
+      ucred peer{};
+      socklen_t len = sizeof(peer);
+      ::getsockopt(c.get(), SOL_SOCKET, SO_PEERCRED, &peer, &len);
+      (void)apps_.adopt(std::move(c), nlohmann::json::parse(line, nullptr, false), peer);
+    }
+  }
+
+  HostApps apps_;
+  std::string dir_, path_;
+  UniqueFd listen_, stop_fd_;
+  std::atomic<bool> stop_{false};
+  std::atomic<uint64_t> drained_{0};
+  std::thread accept_, collector_;
+};
+
+perfq_record make_record(uint64_t i) {
+  return perfq_record{i, 1, 0, PERFQ_FLAGS(PERFQ_KIND_INSTANT, PERFQ_CLOCK_HOST), i, i};
+}
+
+void BM_bare_push(benchmark::State& state) {
+  HeapRing<perfq_record> ring(kCapacity);
+  auto p = ring.producer();
+  std::atomic<bool> stop{false};
+  std::thread consumer([&, c = ring.consumer()]() mutable {
+    while (!stop.load(std::memory_order_relaxed)) {
+      auto s = c.peek(4096);
+      if (s.empty()) {
+        std::this_thread::yield();
+        continue;
+      }
+      c.release(s.size());
+    }
+  });
+  uint64_t i = 0, full = 0;
+  for (auto _ : state) {
+    // The same work as perfq_instant's store: a timestamped record.
+    perfq_record r = make_record(i);
+    r.time = monotonic_ns();
+    if (p.try_push(r))
+      ++i;
+    else
+      ++full;
+  }
+  stop = true;
+  consumer.join();
+  state.SetItemsProcessed(static_cast<int64_t>(i + full));
+  state.counters["full_pct"] = 100.0 * static_cast<double>(full) / static_cast<double>(i + full);
+}
+BENCHMARK(BM_bare_push);
+
+void BM_perfq_instant(benchmark::State& state) {
+  BenchDaemon daemon;
+  perfq_shutdown();
+  if (perfq_init("perfq-bench", daemon.path().c_str()) != 0 || !perfq_wait_connected(5000)) {
+    state.SkipWithError("no connection to the in-process daemon");
+    return;
+  }
+  const uint32_t ev = perfq_event("bench", PERFQ_KIND_INSTANT);
+  perfq_thread_init("bench");
+  perfq_stats before{}, after{};
+  perfq_get_stats(&before);
+  uint64_t i = 0;
+  for (auto _ : state) perfq_instant(ev, i++);
+  perfq_get_stats(&after);
+  perfq_shutdown();
+  state.SetItemsProcessed(static_cast<int64_t>(i));
+  const double attempted = static_cast<double>(i);
+  state.counters["full_pct"] = 100.0 * static_cast<double>(after.lost - before.lost) / attempted;
+  state.counters["recorded_pct"] =
+      100.0 * static_cast<double>(after.recorded - before.recorded) / attempted;
+}
+BENCHMARK(BM_perfq_instant);
+
+void BM_perfq_instant_nodaemon(benchmark::State& state) {
+  perfq_shutdown();
+  if (perfq_init("perfq-bench", "/nonexistent/perfq-bench.sock") != 0) {
+    state.SkipWithError("perfq_init failed");
+    return;
+  }
+  const uint32_t ev = perfq_event("bench", PERFQ_KIND_INSTANT);
+  perfq_instant(ev, 0);  // the thread's one-time slow path
+  uint64_t i = 0;
+  for (auto _ : state) perfq_instant(ev, i++);
+  perfq_shutdown();
+  state.SetItemsProcessed(static_cast<int64_t>(i));
+}
+BENCHMARK(BM_perfq_instant_nodaemon);
+
+void BM_clock(benchmark::State& state) {
+  uint64_t i = 0;
+  for (auto _ : state) {
+    benchmark::DoNotOptimize(monotonic_ns());
+    ++i;
+  }
+  state.SetItemsProcessed(static_cast<int64_t>(i));
+}
+BENCHMARK(BM_clock);
+
+class MedianCollector : public benchmark::ConsoleReporter {
+ public:
+  void ReportRuns(const std::vector<Run>& runs) override {
+    ConsoleReporter::ReportRuns(runs);
+    for (const auto& r : runs) {
+      if (r.error_occurred || r.run_type != Run::RT_Aggregate || r.aggregate_name != "median")
+        continue;
+      auto it = r.counters.find("items_per_second");
+      if (it != r.counters.end()) items_per_s[r.run_name.function_name] = it->second.value;
+    }
+  }
+  std::map<std::string, double> items_per_s;
+};
+
+int run(int argc, char** argv) {
+  std::string out;
+  std::vector<char*> args;
+  bool has_reps = false;
+  for (int i = 0; i < argc; ++i) {
+    std::string a = argv[i];
+    if (a.rfind("--out=", 0) == 0) {
+      out = a.substr(6);
+      continue;
+    }
+    if (a.rfind("--benchmark_repetitions", 0) == 0) has_reps = true;
+    args.push_back(argv[i]);
+  }
+  std::string reps = "--benchmark_repetitions=5";
+  std::string aggr = "--benchmark_report_aggregates_only=true";
+  if (!has_reps) args.push_back(reps.data());
+  args.push_back(aggr.data());
+  int n = static_cast<int>(args.size());
+  benchmark::Initialize(&n, args.data());
+  if (benchmark::ReportUnrecognizedArguments(n, args.data())) return 1;
+  MedianCollector rep;
+  benchmark::RunSpecifiedBenchmarks(&rep);
+  benchmark::Shutdown();
+
+  auto& m = rep.items_per_s;
+  auto ns = [&](const char* k) { return m.count(k) ? 1e9 / m[k] : 0.0; };
+  struct Figure {
+    const char *name, *baseline_name;
+    double value, baseline;
+  };
+  const Figure figs[] = {
+      {"perfq_instant_ns", "bare_push_ns", ns("BM_perfq_instant"), ns("BM_bare_push")},
+      {"perfq_instant_nodaemon_ns", "bare_push_ns", ns("BM_perfq_instant_nodaemon"),
+       ns("BM_bare_push")},
+      {"clock_ns", "bare_push_ns", ns("BM_clock"), ns("BM_bare_push")},
+  };
+  nlohmann::json j = nlohmann::json::array();
+  std::printf("\n%-28s %10s %-10s %-14s %10s %8s\n", "figure (median)", "value", "unit",
+              "baseline", "baseline", "ratio");
+  for (const auto& f : figs) {
+    const double ratio = f.baseline > 0 ? f.value / f.baseline : 0;
+    std::printf("%-28s %10.2f %-10s %-14s %10.2f %8.2f\n", f.name, f.value, "ns/record",
+                f.baseline_name, f.baseline, ratio);
+    j.push_back({{"name", f.name},
+                 {"value", f.value},
+                 {"unit", "ns/record"},
+                 {"baseline", f.baseline},
+                 {"baseline_name", f.baseline_name},
+                 {"ratio", ratio}});
+  }
+  if (!out.empty()) {
+    std::ofstream o(out);
+    o << j.dump(2) << "\n";
+    if (!o) {
+      std::fprintf(stderr, "perfq_host_bench: cannot write %s\n", out.c_str());
+      return 1;
+    }
+  }
+  return 0;
+}
+
+}  // namespace
+}  // namespace perfq
+
+int main(int argc, char** argv) { return perfq::run(argc, argv); }
