@@ -48,6 +48,11 @@ void add_config_options(CLI::App& app, DaemonConfig& c) {
                  "How long after their time device records may still arrive")
       ->capture_default_str()
       ->check(CLI::Range(0u, 600000u));
+  app.add_option("--host-latency-ms", c.host_latency_ms,
+                 "How long after their time application records may still arrive (a thread "
+                 "preempted between taking its timestamp and publishing its record)")
+      ->capture_default_str()
+      ->check(CLI::Range(0u, 600000u));
   app.add_option("--compress", c.compress, "zstd-compress record chunks (true/false)")
       ->capture_default_str();
   app.add_option("--zstd-level", c.zstd_level, "zstd level for record chunks")

@@ -25,7 +25,8 @@ struct DaemonConfig {
   uint64_t ring_records = 1 << 16;   // per host application thread
   unsigned max_delay_ms = 2000;      // the merge never holds records longer
   unsigned stream_timeout_ms = 500;  // a silent stream stops holding the merge
-  unsigned device_latency_ms = 100;  // device records may trail their time by this
+  unsigned device_latency_ms = 250;  // device records may trail their time by this
+  unsigned host_latency_ms = 100;    // host records may trail their time by this
   bool compress = true;
   int zstd_level = 1;
 };

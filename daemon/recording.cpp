@@ -359,7 +359,7 @@ class DeviceRecorder {
       if (state_ == "recording") state_ = "stopped";
     }
     rec_.merger().close(input_);
-    if (drain.invalid() > 0)
+    if (drain.invalid() > 0 && !dev_->gone())  // a revoked mapping reads as zeros
       spdlog::warn("{}: {} invalid device records dropped; first: {}", dev_->spec(),
                    drain.invalid(), drain.first_invalid());
     // Device-side losses for the trace's loss table.

@@ -1,11 +1,15 @@
 #!/usr/bin/env bash
-# make demo: the software device, a recording, a workload, and the analysis.
+# make demo: the software device, the daemon, a recording, a workload, and
+# the analysis.  No root needed: the socket lives under the build folder.
 #
 #   perfq-devsim     the device: synthetic workers, job workers, collector,
 #                    timer register, on a region under /dev/shm; its clock
 #                    runs with an offset and a drift the host must find
-#   perfqctl record  drains the device, synchronizes its clock, writes the trace
-#   perfq-demo-app   submits jobs to the device's job queue from two threads
+#   perfq-daemon     drains the device and the instrumented applications,
+#                    synchronizes the clocks, writes the merged trace
+#   perfqctl start   starts a recording; perfqctl stop ends it
+#   perfq-demo-app   submits jobs to the device's job queue from two threads,
+#                    recording job_submit / job_complete through libperfq
 #   perfqctl report  the analysis of the merged trace
 #
 # Every process it starts is stopped on exit, whatever happens.
@@ -14,16 +18,17 @@ set -euo pipefail
 BUILD=${1:-build}
 BIN=$BUILD/bin
 OUT=$BUILD/demo
-DURATION=${PERFQ_DEMO_SECONDS:-5}
+DURATION=${PERFQ_DEMO_SECONDS:-4}
 mkdir -p "$OUT"
 REGION=/dev/shm/perfq-demo-$$
+SOCKET=$OUT/perfqd.sock
 TRACE=$OUT/demo.trace
 pids=()
 
 cleanup() {
   for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
   wait 2>/dev/null || true
-  rm -f "$REGION"
+  rm -f "$REGION" "$SOCKET"
 }
 trap cleanup EXIT INT TERM
 
@@ -33,20 +38,36 @@ step "starting the software device (clock offset 1.5 s, drift +25 ppm)"
 "$BIN/perfq-devsim" --region "$REGION" --create --workers 2 --rate 20000 --job-workers 2 \
   --clock-offset-ns 1500000000 --clock-drift-ppm 25 --device-name "perfq demo accelerator" \
   >"$OUT/devsim.json" 2>"$OUT/devsim.log" &
+devsim=$!
+pids+=($devsim)
+
+step "starting perfq-daemon (socket $SOCKET, log $OUT/daemon.log)"
+"$BIN/perfq-daemon" --socket "$SOCKET" --config /dev/null --device "shm:$REGION" \
+  2>"$OUT/daemon.log" &
 pids+=($!)
+for _ in $(seq 100); do
+  [ -S "$SOCKET" ] && break
+  sleep 0.05
+done
+"$BIN/perfqctl" --socket "$SOCKET" devices
 
-step "recording for $DURATION s into $TRACE"
-"$BIN/perfqctl" record --device "shm:$REGION" -o "$TRACE" --duration "$DURATION" &
-record=$!
-pids+=($record)
+step "perfqctl start -o $TRACE"
+rm -f "$TRACE"
+"$BIN/perfqctl" --socket "$SOCKET" start -o "$TRACE"
 
-sleep 0.5
-step "running the demo application: jobs submitted from two host threads"
-"$BIN/perfq-demo-app" --device "shm:$REGION" --jobs 2000 --threads 2 --job-us 100 --inflight 2
+step "running the demo application: jobs from two host threads (a few seconds)"
+"$BIN/perfq-demo-app" --device "shm:$REGION" --socket "$SOCKET" --jobs $((DURATION * 4000)) \
+  --threads 2 --job-us 100 --inflight 2
 
-wait "$record"
-kill "${pids[0]}" 2>/dev/null || true
-wait "${pids[0]}" 2>/dev/null || true
+step "perfqctl status"
+"$BIN/perfqctl" --socket "$SOCKET" status
+
+# Stop the device first: the daemon then reads everything it published, so
+# its accounting and the trace's agree record for record.
+kill "$devsim" 2>/dev/null || true
+wait "$devsim" 2>/dev/null || true
+step "perfqctl stop"
+"$BIN/perfqctl" --socket "$SOCKET" stop
 step "device accounting (perfq-devsim)"
 cat "$OUT/devsim.json"
 

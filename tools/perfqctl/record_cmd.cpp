@@ -152,6 +152,14 @@ int run_record(const RecordOptions& o) {
     }
     batch.clear();
     auto n = drain.poll(batch, 16384);
+    if (dev->gone()) {
+      // The device was removed: what this poll read is not data.  Finish
+      // the trace with everything read before.
+      std::fprintf(stderr, "perfqctl record: %s: the device is gone (removed or reset); the "
+                   "trace keeps everything read before\n", o.device.c_str());
+      batch.clear();
+      break;
+    }
     if (!n) return fail(n.status().message());
     for (const auto& r : batch) {
       TraceRecord tr;
@@ -185,7 +193,7 @@ int run_record(const RecordOptions& o) {
   }
   if (tty) std::fprintf(stderr, "\n");
   // Take what the device already published, then write everything.
-  for (int i = 0; i < 1000; ++i) {
+  for (int i = 0; i < 1000 && !dev->gone(); ++i) {
     batch.clear();
     auto n = drain.poll(batch, 16384);
     if (!n || *n == 0) break;

@@ -1,0 +1,589 @@
+// perfq-daemon end to end: real processes (perfq-devsim, perfq-daemon,
+// perfqctl, instrumented applications) over a real region, a real socket
+// and a real trace file, which the test reads back with TraceReader.
+#include <grp.h>
+#include <pwd.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <catch2/catch.hpp>
+#include <cstring>
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <thread>
+
+#include "perfq/trace.h"
+#include "test_util.h"
+
+namespace perfq {
+namespace {
+
+using nlohmann::json;
+const std::string kBin = PERFQ_BIN_DIR;
+
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+constexpr double kSlow = 3;  // sanitizer builds run several times slower
+#else
+constexpr double kSlow = 1;
+#endif
+
+bool wait_for(const std::function<bool()>& cond, std::chrono::milliseconds timeout) {
+  const auto until = std::chrono::steady_clock::now() + timeout;
+  while (std::chrono::steady_clock::now() < until) {
+    if (cond()) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  return cond();
+}
+
+// A perfq-daemon on a socket of its own, stopped (SIGTERM) at the end.
+struct Daemon {
+  std::string socket;
+  std::unique_ptr<Child> proc;
+  Daemon(const TempDir& dir, std::vector<std::string> extra = {}) {
+    socket = dir.file("perfqd.sock");
+    std::vector<std::string> argv = {kBin + "/perfq-daemon", "--socket", socket, "--config",
+                                     "/dev/null", "--log-level", "debug"};
+    if (kSlow > 1) {
+      // Sanitizer builds run several times slower: give late records time.
+      for (const char* o : {"--device-latency-ms", "--host-latency-ms"}) {
+        argv.push_back(o);
+        argv.push_back("500");
+      }
+    }
+    argv.insert(argv.end(), extra.begin(), extra.end());
+    proc = std::make_unique<Child>(argv);
+    REQUIRE(proc->started());
+    REQUIRE(wait_for([&] { return access(socket.c_str(), F_OK) == 0 || !proc->running(); },
+                     std::chrono::seconds(10)));
+    INFO("daemon stderr: " << proc->err());
+    REQUIRE(proc->running());
+  }
+  ~Daemon() {
+    if (proc && proc->running()) {
+      proc->signal(SIGTERM);
+      proc->wait(std::chrono::seconds(20));
+    }
+  }
+};
+
+// perfqctl with the daemon's socket; returns the child after it exited.
+std::unique_ptr<Child> ctl(const Daemon& d, std::vector<std::string> args,
+                           std::vector<std::string> prefix = {}) {
+  std::vector<std::string> argv = prefix;
+  argv.push_back(kBin + "/perfqctl");
+  argv.push_back("--socket");
+  argv.push_back(d.socket);
+  argv.insert(argv.end(), args.begin(), args.end());
+  auto c = std::make_unique<Child>(argv);
+  REQUIRE(c->started());
+  REQUIRE(c->wait(std::chrono::seconds(static_cast<int>(120 * kSlow))));
+  return c;
+}
+
+// A raw control connection: one JSON line each way.
+class Conn {
+ public:
+  explicit Conn(const std::string& path) {
+    fd_ = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_un a{};
+    a.sun_family = AF_UNIX;
+    std::strncpy(a.sun_path, path.c_str(), sizeof(a.sun_path) - 1);
+    ok_ = ::connect(fd_, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0;
+  }
+  ~Conn() { ::close(fd_); }
+  bool ok() const { return ok_; }
+  bool send_raw(const std::string& s) {
+    size_t off = 0;
+    while (off < s.size()) {
+      ssize_t n = ::send(fd_, s.data() + off, s.size() - off, MSG_NOSIGNAL);
+      if (n <= 0) return false;
+      off += static_cast<size_t>(n);
+    }
+    return true;
+  }
+  // The next line, or "" at EOF / after 30 s.
+  std::string line() {
+    timeval tv{30, 0};
+    setsockopt(fd_, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+    while (buf_.find('\n') == std::string::npos) {
+      char c[4096];
+      ssize_t n = ::recv(fd_, c, sizeof(c), 0);
+      if (n <= 0) return "";
+      buf_.append(c, static_cast<size_t>(n));
+    }
+    auto nl = buf_.find('\n');
+    std::string l = buf_.substr(0, nl);
+    buf_.erase(0, nl + 1);
+    return l;
+  }
+  json request(const json& j) {
+    if (!send_raw(j.dump() + "\n")) return nullptr;
+    std::string l = line();
+    return l.empty() ? json(nullptr) : json::parse(l, nullptr, false);
+  }
+
+ private:
+  int fd_ = -1;
+  bool ok_ = false;
+  std::string buf_;
+};
+
+// Everything a trace holds, for checks.
+struct TraceContent : TraceVisitor {
+  TraceMetadata meta;
+  std::vector<TraceRecord> records;
+  uint64_t sync_samples = 0, models = 0;
+  std::vector<TraceLoss> losses;
+  Status on_metadata(const TraceMetadata& m) override {
+    meta = m;
+    return Status::ok();
+  }
+  Status on_records(std::span<const TraceRecord> r) override {
+    records.insert(records.end(), r.begin(), r.end());
+    return Status::ok();
+  }
+  Status on_sync_samples(std::span<const TraceSyncSample> s) override {
+    sync_samples += s.size();
+    return Status::ok();
+  }
+  Status on_clock_models(std::span<const TraceClockModel> m) override {
+    models += m.size();
+    return Status::ok();
+  }
+  Status on_losses(std::span<const TraceLoss> l) override {
+    losses.insert(losses.end(), l.begin(), l.end());
+    return Status::ok();
+  }
+  std::string event_name(const TraceRecord& r) const {
+    const TraceSource* s = meta.find_source(r.source);
+    if (!s) return "";
+    const TraceEventInfo* e = s->find_event(r.rec.event);
+    return e ? e->name : "";
+  }
+};
+
+TraceContent read_trace(const std::string& path, bool* clean) {
+  TraceContent c;
+  auto r = TraceReader::open(path);
+  REQUIRE(r);
+  Status s = r->read(c);
+  INFO(s.message());
+  REQUIRE(s);
+  *clean = r->summary().clean_end;
+  return c;
+}
+
+TEST_CASE("daemon: devsim, daemon and a multi-threaded demo app make one ordered, causal trace",
+          "[daemon][process]") {
+  TempDir dir("daemon-e2e");
+  TempShm shm("daemon-e2e");
+  const std::string trace = dir.file("e2e.trace");
+  Child dev({kBin + "/perfq-devsim", "--region", shm.path(), "--create", "--workers", "2",
+             "--rate", "5000", "--job-workers", "2", "--duration", std::to_string(4 * kSlow),
+             "--clock-offset-ns", "-7000000000", "--clock-drift-ppm", "30"});
+  REQUIRE(dev.started());
+  REQUIRE(wait_for([&] { return access(shm.path().c_str(), F_OK) == 0; }, std::chrono::seconds(10)));
+  Daemon d(dir);
+  auto st = ctl(d, {"start", "-o", trace, "--device", "shm:" + shm.path()});
+  INFO("start: " << st->out() << st->err());
+  REQUIRE(st->exit_code() == 0);
+
+  Child app({kBin + "/perfq-demo-app", "--device", "shm:" + shm.path(), "--socket", d.socket,
+             "--jobs", "600", "--threads", "3", "--job-us", "50", "--inflight", "2"});
+  REQUIRE(app.wait(std::chrono::seconds(static_cast<int>(60 * kSlow))));
+  INFO("demo-app: " << app.out() << app.err());
+  REQUIRE(app.exit_code() == 0);
+  const json appjs = json::parse(app.out());
+
+  // status while recording: the device and the app's streams are there.
+  auto status = ctl(d, {"status", "--json"});
+  REQUIRE(status->exit_code() == 0);
+  const json sj = json::parse(status->out());
+  REQUIRE(sj["recording"].is_object());
+  CHECK(sj["recording"]["devices"].size() == 1);
+
+  REQUIRE(dev.wait(std::chrono::seconds(static_cast<int>(60 * kSlow))));
+  REQUIRE(dev.exit_code() == 0);
+  const json devjs = json::parse(dev.out());
+  auto stop = ctl(d, {"stop", "--json"});
+  INFO("stop: " << stop->out() << stop->err() << "\ndaemon: " << d.proc->err());
+  REQUIRE(stop->exit_code() == 0);
+  const json summary = json::parse(stop->out());
+  CHECK(summary["complete"] == true);
+
+  bool clean = false;
+  TraceContent t = read_trace(trace, &clean);
+  CHECK(clean);
+  CHECK(t.sync_samples > 0);
+  CHECK(t.models > 0);
+  uint64_t device = 0, host = 0;
+  std::map<uint64_t, std::array<int64_t, 4>> jobs;  // corr id -> submit, start, end, complete
+  int64_t prev = INT64_MIN;
+  uint64_t out_of_order = 0;
+  std::string disorder;
+  for (const auto& r : t.records) {
+    if (r.time_ns < prev) {
+      ++out_of_order;
+      disorder += "source " + std::to_string(r.source) + " stream " +
+                  std::to_string(r.rec.stream) + " index " + std::to_string(r.rec.index) +
+                  " at " + std::to_string(r.time_ns) + " after " + std::to_string(prev) + "; ";
+    }
+    prev = r.time_ns;
+    const TraceSource* s = t.meta.find_source(r.source);
+    REQUIRE(s);
+    (s->kind == TraceSourceKind::kDevice ? device : host)++;
+    const std::string name = t.event_name(r);
+    const int role = name == "job_submit" ? 0 : name == "job_start" ? 1 : name == "job_end" ? 2
+                     : name == "job_complete" ? 3 : -1;
+    if (role >= 0) {
+      auto [it, fresh] = jobs.try_emplace(r.rec.arg, std::array<int64_t, 4>{-1, -1, -1, -1});
+      it->second[static_cast<size_t>(role)] = r.time_ns;
+    }
+  }
+  INFO("out of order: " << disorder << " merge: " << summary["merge"].dump());
+  CHECK(out_of_order == 0);
+  CHECK(device == devjs["emitted"].get<uint64_t>());
+  CHECK(devjs["dropped"] == 0);
+  CHECK(host == appjs["host_events"]["recorded"].get<uint64_t>());
+  CHECK(appjs["host_events"]["lost"] == 0);
+  CHECK(jobs.size() == appjs["completed"].get<size_t>());
+  // Causality: strict in normal builds.  Sanitizer builds slow every clock
+  // read so much that the sync error can exceed a job's sub-microsecond
+  // cross-bus gaps; there a violation must stay within the model's stated
+  // uncertainty (anything beyond it is a bug all the same).
+  const double unc = summary["devices"][0]["sync"]["uncertainty_ns"].get<double>();
+  const double tolerance = kSlow > 1 ? 3 * unc : 0;
+  uint64_t incomplete = 0, violations = 0, beyond = 0;
+  for (const auto& [id, j] : jobs) {
+    if (j[0] < 0 || j[1] < 0 || j[2] < 0 || j[3] < 0) {
+      ++incomplete;
+      continue;
+    }
+    bool violated = false;
+    for (size_t k = 0; k < 3; ++k) {
+      if (j[k] <= j[k + 1]) continue;
+      violated = true;
+      if (static_cast<double>(j[k] - j[k + 1]) > tolerance) ++beyond;
+    }
+    violations += violated;
+  }
+  CHECK(incomplete == 0);
+  CHECK(beyond == 0);
+  if (kSlow == 1) CHECK(violations == 0);
+
+  // The report agrees.
+  Child rep({kBin + "/perfqctl", "report", trace, "--json"});
+  REQUIRE(rep.wait(std::chrono::seconds(60)));
+  REQUIRE(rep.exit_code() == 0);
+  const json rj = json::parse(rep.out());
+  CHECK(rj["causality_violations"] == violations);
+}
+
+TEST_CASE("daemon: applications that start early, exit mid-recording or are killed",
+          "[daemon][process]") {
+  TempDir dir("daemon-apps");
+  const std::string trace = dir.file("apps.trace");
+  const std::string sock = dir.file("perfqd.sock");
+  const std::string app = kBin + "/perfq_test_app";
+  constexpr int kThreads = 3, kN = 20000;
+  // Before the daemon exists: it runs, dropping, and connects later.
+  Child early({app, sock, "early", std::to_string(kThreads), std::to_string(kN)});
+  REQUIRE(wait_for([&] { return early.out().find("waiting") != std::string::npos; },
+                   std::chrono::seconds(10)));
+  Daemon d(dir);
+  auto st = ctl(d, {"start", "-o", trace});
+  INFO("start: " << st->out() << st->err());
+  REQUIRE(st->exit_code() == 0);
+
+  Child killed({app, sock, "kill", std::to_string(kThreads), std::to_string(kN)});
+  Child midexit({app, sock, "midexit", std::to_string(kThreads), std::to_string(kN)});
+  Child normal({app, sock, "record", std::to_string(kThreads), std::to_string(kN)});
+  REQUIRE(wait_for([&] { return killed.out().find("recorded") != std::string::npos; },
+                   std::chrono::seconds(static_cast<int>(30 * kSlow))));
+  const json kjs = json::parse(killed.out());
+  killed.signal(SIGKILL);
+  REQUIRE(killed.wait(std::chrono::seconds(10)));
+  REQUIRE(midexit.wait(std::chrono::seconds(static_cast<int>(30 * kSlow))));
+  CHECK(midexit.exit_code() == 0);
+  REQUIRE(normal.wait(std::chrono::seconds(static_cast<int>(30 * kSlow))));
+  CHECK(normal.exit_code() == 0);
+  REQUIRE(early.wait(std::chrono::seconds(static_cast<int>(30 * kSlow))));
+  CHECK(early.exit_code() == 0);
+  auto last_line = [](const std::string& s) {
+    const auto end = s.find_last_not_of('\n');
+    const auto nl = s.rfind('\n', end);
+    return s.substr(nl == std::string::npos ? 0 : nl + 1);
+  };
+  const json njs = json::parse(last_line(normal.out()));
+  const json ejs = json::parse(last_line(early.out()));
+
+  auto stop = ctl(d, {"stop", "--json"});
+  INFO("stop: " << stop->out() << stop->err() << "\ndaemon: " << d.proc->err());
+  REQUIRE(stop->exit_code() == 0);
+
+  bool clean = false;
+  TraceContent t = read_trace(trace, &clean);
+  CHECK(clean);
+  std::map<uint32_t, uint64_t> ticks_by_pid;
+  std::map<std::pair<uint16_t, uint16_t>, uint64_t> next_index;
+  uint64_t gaps = 0;
+  for (const auto& r : t.records) {
+    const TraceSource* s = t.meta.find_source(r.source);
+    REQUIRE(s);
+    if (t.event_name(r) == "tick") ++ticks_by_pid[s->pid];
+    auto& n = next_index[{r.source, r.rec.stream}];
+    if (r.rec.index != n) ++gaps;
+    n = r.rec.index + 1;
+  }
+  CHECK(gaps == 0);
+  // The killed one's records up to its death are all there.
+  CHECK(kjs["recorded"] == kThreads * kN);
+  CHECK(ticks_by_pid[static_cast<uint32_t>(killed.pid())] == kThreads * kN);
+  CHECK(ticks_by_pid[static_cast<uint32_t>(normal.pid())] == njs["recorded"].get<uint64_t>());
+  CHECK(njs["recorded"] == kThreads * kN);
+  // The one that exited with its threads still recording: at least N.
+  CHECK(ticks_by_pid[static_cast<uint32_t>(midexit.pid())] >= static_cast<uint64_t>(kN));
+  // The early one: what it recorded after connecting is all there.
+  CHECK(ticks_by_pid[static_cast<uint32_t>(early.pid())] == ejs["recorded"].get<uint64_t>());
+  CHECK(ejs["connections"].get<uint64_t>() >= 1);
+}
+
+// The id of a user and group made for the test (root only).
+struct TestUser {
+  uid_t uid = 0;
+  gid_t gid = 0;
+  gid_t trusted_gid = 0;  // a group the daemon is told to trust
+  std::string name = "perfq-test-user", gname = "perfq-test-grp";
+  bool ok = false;
+  TestUser() {
+    if (geteuid() != 0) return;
+    sh("getent group " + gname + " >/dev/null || groupadd " + gname + " 2>/dev/null");
+    sh("id " + name + " >/dev/null 2>&1 || useradd -M -N -s /usr/sbin/nologin " + name +
+       " 2>/dev/null");
+    passwd* pw = getpwnam(name.c_str());
+    struct group* gr = getgrnam(gname.c_str());
+    if (!pw || !gr) return;
+    uid = pw->pw_uid;
+    gid = pw->pw_gid;
+    trusted_gid = gr->gr_gid;
+    ok = true;
+  }
+  std::vector<std::string> as_user(bool in_group) const {
+    return {"/usr/bin/setpriv", "--reuid=" + std::to_string(uid), "--regid=" + std::to_string(gid),
+            in_group ? "--groups=" + std::to_string(trusted_gid) : "--clear-groups"};
+  }
+};
+
+TEST_CASE("daemon: the control socket obeys only root and its group, and survives bad requests",
+          "[daemon][process][socket]") {
+  TestUser user;
+  if (!user.ok) {
+    WARN("needs root with useradd/groupadd: skipped");
+    return;
+  }
+  TempDir dir("daemon-socket");
+  ::chmod(dir.file("").c_str(), 0777);  // the test user reaches the socket and writes the trace
+  TempShm shm("daemon-socket");
+  Child dev({kBin + "/perfq-devsim", "--region", shm.path(), "--create", "--workers", "1",
+             "--rate", "2000", "--job-workers", "0"});
+  REQUIRE(wait_for([&] { return access(shm.path().c_str(), F_OK) == 0; }, std::chrono::seconds(10)));
+  Daemon d(dir, {"--group", user.gname, "--device", "shm:" + shm.path()});
+  const std::string trace = dir.file("sock.trace");
+
+  SECTION("an unprivileged user can read status but not start or stop") {
+    auto start = ctl(d, {"start", "-o", dir.file("nobody.trace")}, user.as_user(false));
+    CHECK(start->exit_code() == 1);
+    CHECK(start->err().find("permission denied") != std::string::npos);
+    CHECK(access(dir.file("nobody.trace").c_str(), F_OK) != 0);
+    auto status = ctl(d, {"status"}, user.as_user(false));
+    CHECK(status->exit_code() == 0);
+    // root starts; the user still cannot stop it.
+    REQUIRE(ctl(d, {"start", "-o", trace})->exit_code() == 0);
+    auto stop = ctl(d, {"stop"}, user.as_user(false));
+    CHECK(stop->exit_code() == 1);
+    CHECK(stop->err().find("permission denied") != std::string::npos);
+    CHECK(ctl(d, {"stop"})->exit_code() == 0);
+  }
+  SECTION("a member of the daemon's group may start and stop; the trace is theirs") {
+    auto start = ctl(d, {"start", "-o", trace}, user.as_user(true));
+    INFO(start->err());
+    REQUIRE(start->exit_code() == 0);
+    auto stop = ctl(d, {"stop"}, user.as_user(true));
+    INFO(stop->err());
+    REQUIRE(stop->exit_code() == 0);
+    struct stat st{};
+    REQUIRE(::stat(trace.c_str(), &st) == 0);
+    CHECK(st.st_uid == user.uid);
+  }
+  SECTION("malformed and huge requests get errors; a recording goes on; two clients at once") {
+    REQUIRE(ctl(d, {"start", "-o", trace})->exit_code() == 0);
+    Conn a(d.socket), b(d.socket);
+    REQUIRE(a.ok());
+    REQUIRE(b.ok());
+    json r = a.request(json{{"cmd", "status"}});
+    REQUIRE(r.is_object());
+    const uint64_t before = r["recording"]["devices"][0]["records"].get<uint64_t>();
+    REQUIRE(a.send_raw("this is not json\n"));
+    r = json::parse(a.line(), nullptr, false);
+    CHECK(r["ok"] == false);
+    CHECK(r["error"].get<std::string>().find("malformed") != std::string::npos);
+    REQUIRE(a.send_raw("[1,2,3]\n{\"nocmd\":1}\n{\"cmd\":\"frobnicate\"}\n"));
+    for (int i = 0; i < 3; ++i) {
+      r = json::parse(a.line(), nullptr, false);
+      CHECK(r["ok"] == false);
+    }
+    // b is served while a is connected.
+    r = b.request(json{{"cmd", "status"}});
+    CHECK(r["ok"] == true);
+    // A request far over the limit: an error, then the connection closes.
+    Conn huge(d.socket);
+    huge.send_raw(std::string(1 << 20, 'x'));
+    const std::string l = huge.line();
+    CHECK(l.find("longer than") != std::string::npos);
+    // The recording is untouched and still moving.
+    REQUIRE(wait_for(
+        [&] {
+          json s = b.request(json{{"cmd", "status"}});
+          return s["recording"].is_object() &&
+                 s["recording"]["devices"][0]["records"].get<uint64_t>() > before;
+        },
+        std::chrono::seconds(10)));
+    auto stop = ctl(d, {"stop", "--json"});
+    REQUIRE(stop->exit_code() == 0);
+    CHECK(json::parse(stop->out())["complete"] == true);
+  }
+}
+
+TEST_CASE("daemon: SIGTERM during a recording leaves a complete, readable trace",
+          "[daemon][process]") {
+  TempDir dir("daemon-term");
+  TempShm shm("daemon-term");
+  const std::string trace = dir.file("term.trace");
+  Child dev({kBin + "/perfq-devsim", "--region", shm.path(), "--create", "--workers", "2",
+             "--rate", "20000"});
+  REQUIRE(wait_for([&] { return access(shm.path().c_str(), F_OK) == 0; }, std::chrono::seconds(10)));
+  Daemon d(dir);
+  REQUIRE(ctl(d, {"start", "-o", trace, "--device", "shm:" + shm.path()})->exit_code() == 0);
+  REQUIRE(wait_for(
+      [&] {
+        auto s = ctl(d, {"status", "--json"});
+        const json j = json::parse(s->out(), nullptr, false);
+        return j.is_object() && j["recording"].is_object() &&
+               j["recording"]["records"].get<uint64_t>() > 1000;
+      },
+      std::chrono::seconds(static_cast<int>(30 * kSlow))));
+  d.proc->signal(SIGTERM);
+  REQUIRE(d.proc->wait(std::chrono::seconds(static_cast<int>(30 * kSlow))));
+  INFO("daemon: " << d.proc->err());
+  CHECK(d.proc->exit_code() == 0);
+  bool clean = false;
+  TraceContent t = read_trace(trace, &clean);
+  CHECK(clean);
+  CHECK(t.records.size() > 1000);
+  // The socket is gone with the daemon.
+  CHECK(access(d.socket.c_str(), F_OK) != 0);
+}
+
+TEST_CASE("daemon: clear errors for a second start, a stop with nothing running, a bad device",
+          "[daemon][process]") {
+  TempDir dir("daemon-errors");
+  Daemon d(dir);
+  auto stop = ctl(d, {"stop"});
+  CHECK(stop->exit_code() == 1);
+  CHECK(stop->err().find("no recording") != std::string::npos);
+  auto bad = ctl(d, {"start", "-o", dir.file("x.trace"), "--device", "shm:/dev/shm/perfq-no-such"});
+  CHECK(bad->exit_code() == 1);
+  CHECK(bad->err().find("perfq-no-such") != std::string::npos);
+  REQUIRE(ctl(d, {"start", "-o", dir.file("a.trace"), "--device", "shm:/dev/shm/perfq-no-such2"})
+              ->exit_code() == 1);
+  // Host-only recording (no devices): fine; a second start is refused.
+  REQUIRE(ctl(d, {"start", "-o", dir.file("a.trace")})->exit_code() == 0);
+  auto again = ctl(d, {"start", "-o", dir.file("b.trace")});
+  CHECK(again->exit_code() == 1);
+  CHECK(again->err().find("already running") != std::string::npos);
+  CHECK(ctl(d, {"stop"})->exit_code() == 0);
+  auto nodaemon = ctl(d, {"status"});  // still there
+  CHECK(nodaemon->exit_code() == 0);
+  Child none({kBin + "/perfqctl", "--socket", dir.file("nobody-here.sock"), "status"});
+  REQUIRE(none.wait(std::chrono::seconds(10)));
+  CHECK(none.exit_code() == 1);
+  CHECK(none.err().find("is it running") != std::string::npos);
+}
+
+TEST_CASE("daemon: a recording with a duration ends by itself; perfqctl start waits for it",
+          "[daemon][process]") {
+  TempDir dir("daemon-duration");
+  Daemon d(dir);
+  const std::string trace = dir.file("dur.trace");
+  const auto t0 = std::chrono::steady_clock::now();
+  auto st = ctl(d, {"start", "-o", trace, "--duration", "1", "--json"});
+  const double secs =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  INFO("start: " << st->out() << st->err());
+  REQUIRE(st->exit_code() == 0);
+  CHECK(secs >= 1.0);
+  const json j = json::parse(st->out());
+  CHECK(j["complete"] == true);
+  CHECK(j["stop_reason"] == "its duration elapsed");
+  bool clean = false;
+  read_trace(trace, &clean);
+  CHECK(clean);
+  // Without waiting: the daemon stops it, and `stop` then returns its summary once.
+  REQUIRE(ctl(d, {"start", "-o", dir.file("dur2.trace"), "--duration", "0.3", "--no-wait"})
+              ->exit_code() == 0);
+  REQUIRE(wait_for(
+      [&] {
+        const json s = json::parse(ctl(d, {"status", "--json"})->out(), nullptr, false);
+        return s.is_object() && s["recording"].is_null();
+      },
+      std::chrono::seconds(static_cast<int>(20 * kSlow))));
+  auto stop = ctl(d, {"stop", "--json"});
+  CHECK(stop->exit_code() == 0);
+  CHECK(json::parse(stop->out())["output"] == dir.file("dur2.trace"));
+  CHECK(ctl(d, {"stop"})->exit_code() == 1);  // nothing left to stop
+}
+
+TEST_CASE("daemon: SIGHUP reloads the config file", "[daemon][process]") {
+  TempDir dir("daemon-hup");
+  const std::string conf = dir.file("perfq-daemon.conf");
+  {
+    std::ofstream f(conf);
+    f << "device = [\"shm:/dev/shm/perfq-hup-a\"]\nsync-interval-ms = 100\n";
+  }
+  const std::string socket = dir.file("perfqd.sock");
+  Child proc({kBin + "/perfq-daemon", "--socket", socket, "--config", conf});
+  REQUIRE(wait_for([&] { return access(socket.c_str(), F_OK) == 0; }, std::chrono::seconds(10)));
+  auto devices = [&] {
+    Conn c(socket);
+    const json s = c.request(json{{"cmd", "status"}});
+    return s.is_object() ? s["daemon"]["devices"] : json();
+  };
+  CHECK(devices() == json::array({"shm:/dev/shm/perfq-hup-a"}));
+  {
+    std::ofstream f(conf);
+    f << "device = [\"shm:/dev/shm/perfq-hup-b\", \"shm:/dev/shm/perfq-hup-c\"]\n";
+  }
+  proc.signal(SIGHUP);
+  CHECK(wait_for([&] { return devices().size() == 2; }, std::chrono::seconds(10)));
+  // A broken file is refused; the daemon keeps its settings and runs on.
+  {
+    std::ofstream f(conf);
+    f << "sync-interval-ms = not-a-number\n";
+  }
+  proc.signal(SIGHUP);
+  CHECK(wait_for([&] { return proc.err().find("reload refused") != std::string::npos; },
+                 std::chrono::seconds(10)));
+  CHECK(proc.running());
+  CHECK(devices().size() == 2);
+  proc.signal(SIGTERM);
+  REQUIRE(proc.wait(std::chrono::seconds(20)));
+  CHECK(proc.exit_code() == 0);
+}
+
+}  // namespace
+}  // namespace perfq

@@ -1,0 +1,132 @@
+// The daemon's merge stage: producers on real threads, a writer taking
+// records behind the watermark, checked for order, completeness and bounded
+// waiting.
+#include <atomic>
+#include <catch2/catch.hpp>
+#include <thread>
+
+#include "merge.h"
+#include "perfq/device_clock.h"
+
+namespace perfqd {
+namespace {
+
+using perfq::TraceRecord;
+
+int64_t now() { return static_cast<int64_t>(perfq::monotonic_ns()); }
+
+TraceRecord rec(uint16_t source, uint64_t index, int64_t t) {
+  TraceRecord r;
+  r.source = source;
+  r.rec.index = index;
+  r.time_ns = t;
+  return r;
+}
+
+TEST_CASE("merge: producers on threads, one ordered and complete output", "[merge][daemon]") {
+  const int producers = GENERATE(1, 3, 6);
+#if defined(__SANITIZE_THREAD__) || defined(__SANITIZE_ADDRESS__)
+  constexpr uint64_t kPer = 20000;
+#else
+  constexpr uint64_t kPer = 200000;
+#endif
+  MergeOptions o;
+  o.max_delay_ns = 5'000'000'000;  // only the bounds release records here
+  o.stream_timeout_ns = 5'000'000'000;
+  Merger m(o);
+  std::vector<Merger::Input*> inputs;
+  const int64_t t0 = now();
+  for (int p = 0; p < producers; ++p) inputs.push_back(m.add_input("p" + std::to_string(p), t0));
+  std::atomic<int> done{0};
+  std::vector<std::thread> threads;
+  for (int p = 0; p < producers; ++p)
+    threads.emplace_back([&, p] {
+      std::vector<TraceRecord> batch;
+      for (uint64_t i = 0; i < kPer; ++i) {
+        // Each producer's own times rise; producers interleave arbitrarily.
+        batch.push_back(rec(static_cast<uint16_t>(p), i, now()));
+        if (batch.size() == 64 || i + 1 == kPer) {
+          const int64_t bound = batch.back().time_ns;
+          m.push(inputs[static_cast<size_t>(p)], batch, bound);
+        }
+      }
+      m.close(inputs[static_cast<size_t>(p)]);
+      ++done;
+    });
+  std::vector<TraceRecord> out;
+  std::vector<uint64_t> next(static_cast<size_t>(producers), 0);
+  int64_t last = INT64_MIN;
+  uint64_t disorder = 0, gaps = 0, total = 0;
+  auto check = [&] {
+    for (const auto& r : out) {
+      if (r.time_ns < last) ++disorder;
+      last = r.time_ns;
+      if (r.rec.index != next[r.source]++) ++gaps;
+      ++total;
+    }
+    out.clear();
+  };
+  while (done.load() < producers) {
+    m.take_ready(out, now(), 1'000'000);
+    check();
+  }
+  for (auto& t : threads) t.join();
+  m.take_all(out);
+  check();
+  CHECK(total == kPer * static_cast<uint64_t>(producers));
+  CHECK(disorder == 0);
+  CHECK(gaps == 0);
+  CHECK(m.stats().late == 0);
+  CHECK(m.stats().pending == 0);
+}
+
+TEST_CASE("merge: a silent input stops holding the watermark after its timeout",
+          "[merge][daemon]") {
+  MergeOptions o;
+  o.max_delay_ns = 60'000'000'000;
+  o.stream_timeout_ns = 50'000'000;
+  Merger m(o);
+  const int64_t t0 = now();
+  auto* live = m.add_input("live", t0);
+  m.add_input("stalled", t0);  // never sends anything
+  std::vector<TraceRecord> batch{rec(0, 0, t0 + 1000)};
+  m.push(live, batch, t0 + 2000);
+  std::vector<TraceRecord> out;
+  // Within the timeout the stalled input holds the record back...
+  m.take_ready(out, now(), 0);
+  if (now() - t0 < 40'000'000) CHECK(out.empty());
+  // ...after it, the record is released.
+  const int64_t deadline = now() + 5'000'000'000;
+  while (out.empty() && now() < deadline) {
+    m.advance(live, now());
+    m.take_ready(out, now(), 5'000'000);
+  }
+  REQUIRE(out.size() == 1);
+  CHECK(out[0].time_ns == t0 + 1000);
+}
+
+TEST_CASE("merge: the watermark never lags more than the maximum delay", "[merge][daemon]") {
+  MergeOptions o;
+  o.max_delay_ns = 30'000'000;
+  o.stream_timeout_ns = 60'000'000'000;
+  Merger m(o);
+  const int64_t t0 = now();
+  auto* slow = m.add_input("slow", t0 - 1'000'000'000);  // its bound is far behind
+  std::vector<TraceRecord> batch{rec(0, 0, t0)};
+  m.push(slow, batch, t0 - 1'000'000'000);
+  std::vector<TraceRecord> out;
+  const int64_t deadline = now() + 5'000'000'000;
+  while (out.empty() && now() < deadline) m.take_ready(out, now(), 5'000'000);
+  REQUIRE(out.size() == 1);
+  CHECK(now() - t0 >= 30'000'000);
+  // A record older than what was released is still written, and counted late.
+  std::vector<TraceRecord> late{rec(0, 1, t0 - 500'000'000)};
+  m.push(slow, late, t0);
+  out.clear();
+  m.take_ready(out, now(), 0);
+  CHECK(out.size() == 1);
+  CHECK(m.stats().late == 1);
+}
+
+}  // namespace
+}  // namespace perfqd
