@@ -129,10 +129,8 @@ json Daemon::start(const json& req, const Peer& peer) {
   o.owner_gid = peer.cred.gid;
   o.requested_by = peer.describe();
 
-  apps_.set_recording(true);
   auto rec = Recording::start(o);
   if (!rec) {
-    apps_.set_recording(false);
     spdlog::warn("start refused: {}", rec.status().message());
     return error(rec.status().message());
   }
@@ -143,6 +141,9 @@ json Daemon::start(const json& req, const Peer& peer) {
     rec_ = r;
     last_collected_ = true;
   }
+  // Only now may applications record: the collector has a recording to
+  // pass their records to.
+  apps_.set_recording(true);
   spdlog::info("recording to {} ({} device(s), sync every {} ms, mode {}{}) for {}", o.output,
                o.devices.size(), o.sync_interval_ms, mode,
                o.duration_s > 0 ? ", " + std::to_string(o.duration_s) + " s" : "",
@@ -169,7 +170,9 @@ json Daemon::stop(const std::function<void(const json&)>& progress, bool automat
       return error("no recording is running (start one with `perfqctl start`)");
     }
   }
-  // Let the collector pass everything stored so far, then detach it.
+  // Applications stop recording; the collector passes everything they
+  // stored, then lets go of the recording.
+  apps_.pause_applications();
   collector_sync();
   {
     std::lock_guard lock(rec_mu_);

@@ -464,6 +464,13 @@ void HostApps::set_recording(bool on) {
       if (!r->retired) store_relaxed(&r->hdr->recording, on ? 1 : 0);
 }
 
+void HostApps::pause_applications() {
+  std::lock_guard l(impl_->mu);
+  for (auto& a : impl_->apps)
+    for (auto& r : a->rings)
+      if (!r->retired) store_relaxed(&r->hdr->recording, 0);
+}
+
 bool HostApps::recording() const {
   std::lock_guard l(impl_->mu);
   return impl_->recording;

@@ -224,7 +224,7 @@ TEST_CASE("trace: round trip of millions of records, every field equal", "[trace
   CHECK(again.records == kManyRecords);
 }
 
-TEST_CASE("trace: later metadata adds sources; open refuses what is not a trace", "[trace]") {
+TEST_CASE("trace: later metadata adds sources, and open refuses what is not a trace", "[trace]") {
   TempDir dir("trace");
   const std::string path = dir.file("meta.pq");
   TraceMetadata m = test_metadata();

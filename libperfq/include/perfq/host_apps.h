@@ -79,6 +79,11 @@ class HostApps {
   // skip recording, and records drained anyway are discarded and counted.
   void set_recording(bool on);
   bool recording() const;
+  // Tell the applications to stop recording (each ring's `recording` word)
+  // while drain() still hands what their rings hold to the sink: the first
+  // step of stopping a recording without losing what was stored before it.
+  // The next set_recording() sets the words again.  Any thread.
+  void pause_applications();
 
   // Collector thread: move up to max_per_ring records out of every ring;
   // sink(source id, valid records in ring order, one thread's stream).
