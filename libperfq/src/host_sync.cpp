@@ -1,17 +1,31 @@
 #include "perfq/host_sync.h"
 
+#include <linux/futex.h>
+#include <sys/syscall.h>
 #include <time.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
 #include <span>
-#include <thread>
 
 #include "perfq/device_clock.h"
 #include "perfq/sync_buffer.h"
 
 namespace perfq {
 namespace {
+
+inline void cpu_relax() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#endif
+}
+
+// A shared futex wait (the word may be mapped by another process), bounded.
+void futex_wait_ms(uint32_t* word, uint32_t expected, long ms) {
+  timespec ts{ms / 1000, (ms % 1000) * 1'000'000};
+  syscall(SYS_futex, word, FUTEX_WAIT, expected, &ts, nullptr, 0);
+}
 
 uint64_t thread_cpu_ns() {
   timespec ts;
@@ -50,24 +64,36 @@ Result<RoundResult> HostSync::round() {
   auto host = device_.clock_samples(r, opts_.samples, opts_.read_timeout);
   if (!host) return host.status();
 
-  // The device publishes its samples of round r as it sees the window close.
+  // The device publishes its samples of round r as it sees the window close,
+  // within microseconds when it runs.  Spin on the batch's round word (one
+  // load; the whole batch is read once it matches), then sleep on it: the
+  // timer server wakes the word after publishing.  A wakeup costs tens of
+  // microseconds of CPU time on a VM, far more than the usual spin.
+  const perfq_sample_batch* batch = &page->device_samples;
+  uint32_t* round_word = const_cast<uint32_t*>(&batch->round);
+  const uint64_t t0 = monotonic_ns();
   const uint64_t deadline =
-      monotonic_ns() + static_cast<uint64_t>(opts_.device_timeout.count()) * 1'000'000ull;
+      t0 + static_cast<uint64_t>(opts_.device_timeout.count()) * 1'000'000ull;
   Result<SampleBatch> dev = Status(Errc::kTimeout, "");
-  uint32_t spins = 0;
-  while (true) {
-    dev = read_sample_batch(&page->device_samples);
-    // A read that keeps meeting a write in progress (kTimeout) tries again
-    // until the deadline; a corrupt batch is an error at once.
-    if (!dev && dev.status().code() != Errc::kTimeout)
-      return Status(dev.status().code(), device_.spec() + ": device samples: " +
-                                             dev.status().message());
-    if (dev && dev->round == r) break;
-    if (monotonic_ns() > deadline)
+  for (uint32_t spin = 1;; ++spin) {
+    const uint32_t seen = __atomic_load_n(round_word, __ATOMIC_ACQUIRE);
+    if (seen == r) {
+      dev = read_sample_batch(batch);
+      // A read that keeps meeting a write in progress (kTimeout) tries again
+      // until the deadline; a corrupt batch is an error at once.
+      if (!dev && dev.status().code() != Errc::kTimeout)
+        return Status(dev.status().code(), device_.spec() + ": device samples: " +
+                                               dev.status().message());
+      if (dev && dev->round == r) break;
+    }
+    cpu_relax();
+    if ((spin & 63) != 0) continue;
+    const uint64_t now = monotonic_ns();
+    if (now > deadline)
       return Status(Errc::kTimeout, device_.spec() + ": the device did not publish its samples "
                                     "of sync round " + std::to_string(r) + " within " +
                                     std::to_string(opts_.device_timeout.count()) + " ms");
-    if (++spins > 64) std::this_thread::sleep_for(std::chrono::microseconds(50));
+    if (now - t0 > opts_.batch_spin_ns) futex_wait_ms(round_word, seen, 1);
   }
 
   auto obs = make_paired_observation(*host, dev->samples, rates_, opts_.selection, r);
@@ -79,16 +105,41 @@ Result<RoundResult> HostSync::round() {
   // Gate against the usual uncertainty of this device's rounds.
   double gate = opts_.gate_floor_ns;
   if (!recent_unc_.empty()) {
-    std::vector<double> v = recent_unc_;
-    std::nth_element(v.begin(), v.begin() + static_cast<long>(v.size() / 2), v.end());
-    gate = std::max(gate, opts_.gate_factor * v[v.size() / 2]);
+    // A low quantile, not the median: on a machine that is saturated half
+    // of the time the median would let the slow half in.
+    gate_scratch_ = recent_unc_;
+    const size_t q = gate_scratch_.size() / 4;
+    std::nth_element(gate_scratch_.begin(), gate_scratch_.begin() + static_cast<long>(q),
+                     gate_scratch_.end());
+    gate = std::max(gate, opts_.gate_factor * gate_scratch_[q]);
   }
-  if (recent_unc_.size() < 16)
+  if (recent_unc_.size() < kGateRounds)
     recent_unc_.push_back(obs->uncertainty_ns);
   else
-    recent_unc_[recent_pos_++ % 16] = obs->uncertainty_ns;
-  res.verdict = obs->uncertainty_ns <= gate || !sync_.has_model() ? sync_.add(*obs)
-                                                                  : ClockSync::Verdict::kOutlier;
+    recent_unc_[recent_pos_++ % kGateRounds] = obs->uncertainty_ns;
+  // A contended round (the device was not running: its tightest read waited
+  // for it to be scheduled) that agrees with the model is kept out of it
+  // while the model already predicts its time better than the round can
+  // tell (the model's 3 sigma there, with its rate uncertainty over the
+  // distance, below the round's uncertainty): extrapolating a fit of fast
+  // rounds beats it.
+  const bool contended = obs->host_delay_ns > opts_.contended_delay_ns;
+  bool useless = false;
+  if (contended && sync_.has_model()) {
+    const ClockModel& m = sync_.current();
+    const double dx_ns = std::fabs(static_cast<double>(time_diff(obs->device_time, m.device_ref)) *
+                                   static_cast<double>(m.ns_per_tick));
+    const double rate_3s = 3 * m.rate_sigma_ppb * 1e-9 * dx_ns;
+    const double model_unc = std::sqrt(m.uncertainty_ns * m.uncertainty_ns + rate_3s * rate_3s);
+    // Only a round that agrees with the model: one far off may be a clock
+    // step, which the model's step detector must see.
+    const double resid = std::fabs(static_cast<double>(
+        time_diff(obs->host_ns, sync_.to_host(obs->device_time))));
+    useless = model_unc < obs->uncertainty_ns && resid <= obs->uncertainty_ns + model_unc;
+  }
+  res.verdict = !sync_.has_model() || (obs->uncertainty_ns <= gate && !useless)
+                    ? sync_.add(*obs)
+                    : ClockSync::Verdict::kOutlier;
   if (opts_.mode == PERFQ_SYNC_MODE_B) {
     write_sample_batch(&page->mailbox, r, *host);
     __atomic_store_n(&page->mode, static_cast<uint32_t>(PERFQ_SYNC_MODE_B), __ATOMIC_RELEASE);

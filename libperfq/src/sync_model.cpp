@@ -163,6 +163,17 @@ ClockModel knot_from(const FitOut& f, const SyncObservation& o, long double s0, 
   return m;
 }
 
+// The uncertainty above which a round is much worse than the usual ones:
+// max(2 us, 4 x the lower quartile of `u`).  (A low quantile: on a machine
+// that is saturated half of the time the median would let the slow half in.)
+double gate_of(std::vector<double> u) {
+  constexpr double kFloor = 2000, kFactor = 4;
+  if (u.empty()) return std::numeric_limits<double>::infinity();
+  const size_t q = u.size() / 4;
+  std::nth_element(u.begin(), u.begin() + static_cast<std::ptrdiff_t>(q), u.end());
+  return std::max(kFloor, kFactor * u[q]);
+}
+
 bool usable(const SyncObservation& o, const SyncConfig& cfg) {
   return std::isfinite(o.uncertainty_ns) && o.uncertainty_ns >= 0 &&
          o.uncertainty_ns <= cfg.max_uncertainty_ns;
@@ -517,13 +528,21 @@ OfflineFit fit_offline(std::span<const SyncObservation> obs, const ClockRates& r
 
 OfflineFit fit_offline_rounds(std::span<const SyncRound> rounds, const ClockRates& rates,
                               const SyncConfig& cfg, const SelectionConfig& sel) {
-  std::vector<SyncObservation> obs;
-  obs.reserve(rounds.size());
+  std::vector<SyncObservation> all;
+  all.reserve(rounds.size());
   for (const auto& r : rounds) {
     auto o = make_observation(r.host, r.device, rates, sel, r.round);
-    if (o) obs.push_back(o.value());
+    if (o) all.push_back(o.value());
   }
-  return fit_offline(obs, rates, cfg);
+  std::vector<double> u;
+  u.reserve(all.size());
+  for (const auto& o : all) u.push_back(o.uncertainty_ns);
+  const double gate = gate_of(u);
+  std::vector<SyncObservation> obs;
+  obs.reserve(all.size());
+  for (const auto& o : all)
+    if (o.uncertainty_ns <= gate) obs.push_back(o);
+  return fit_offline(obs.size() >= 2 ? obs : all, rates, cfg);
 }
 
 // ---- Mode B ------------------------------------------------------------------------------
@@ -537,7 +556,7 @@ Result<ClockSync::Verdict> DeviceClockSync::update(std::span<const perfq_clock_s
                                                    uint32_t round) {
   auto o = make_observation(host_samples, device_samples, sync_.rates(), sel_, round);
   if (!o) return o.status();
-  return sync_.add(o.value());
+  return add(o.value());
 }
 
 Result<ClockSync::Verdict> DeviceClockSync::update_from_page(
@@ -550,6 +569,17 @@ Result<ClockSync::Verdict> DeviceClockSync::update_from_page(
                   fmt::format("mailbox holds round {}, device samples are of round {}", b->round,
                               round));
   return update(b->samples, device_samples, round);
+}
+
+ClockSync::Verdict DeviceClockSync::add(const SyncObservation& obs) {
+  constexpr size_t kRounds = 64;
+  const double gate = gate_of(recent_unc_);
+  if (recent_unc_.size() < kRounds)
+    recent_unc_.push_back(obs.uncertainty_ns);
+  else
+    recent_unc_[recent_pos_++ % kRounds] = obs.uncertainty_ns;
+  if (sync_.has_model() && obs.uncertainty_ns > gate) return ClockSync::Verdict::kOutlier;
+  return sync_.add(obs);
 }
 
 uint64_t DeviceClockSync::to_host(uint64_t device_time) const {

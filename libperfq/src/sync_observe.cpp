@@ -44,41 +44,49 @@ long double median_of(std::vector<long double> v) {
   return (lo + hi) / 2;
 }
 
-// Selection by delay (see SelectionConfig).
-Picked pick(std::vector<Cand>& c, const SelectionConfig& sel) {
-  std::sort(c.begin(), c.end(), [](const Cand& x, const Cand& y) { return x.delay_ns < y.delay_ns; });
+// Shifted-value vote among the tight candidates of one side (c sorted by
+// delay): clears ok[i] for a sample whose implied value is too far from the
+// median of the tight ones.  Returns the robust spread of those values.
+long double vote(const std::vector<Cand>& c, const SelectionConfig& sel, std::vector<uint8_t>& ok,
+                 size_t* ntight_out = nullptr) {
+  ok.assign(c.size(), 1);
   const long double min_delay = c.front().delay_ns;
   const long double margin = std::max<long double>(sel.margin_ns, sel.margin_frac * min_delay);
-
-  // Shifted-value check among the tight candidates (at least 3 to vote).
   size_t ntight = 0;
   while (ntight < c.size() &&
          (ntight < 3 || c[ntight].delay_ns <= 2 * min_delay + margin))
     ++ntight;
-  std::vector<uint8_t> ok(c.size(), 1);
-  long double value_spread = 0;
-  if (ntight >= 3) {
-    std::vector<long double> v;
-    v.reserve(ntight);
-    for (size_t i = 0; i < ntight; ++i) v.push_back(c[i].implied);
-    const long double med = median_of(v);
-    long double med_at = 0;
-    {
-      std::vector<long double> t;
-      for (size_t i = 0; i < ntight; ++i) t.push_back(c[i].at_ns);
-      med_at = median_of(t);
-    }
-    for (auto& x : v) x = std::fabs(x - med);
-    const long double spread = 1.4826L * median_of(v);
-    value_spread = spread;
-    for (size_t i = 0; i < c.size(); ++i) {
-      const long double tol =
-          std::max<long double>(sel.outlier_k * spread,
-                                c[i].delay_ns / 2 + min_delay / 2 + margin) +
-          kRoundDriftAllowance * std::fabs(c[i].at_ns - med_at);
-      if (std::fabs(c[i].implied - med) > tol) ok[i] = 0;
-    }
+  if (ntight_out) *ntight_out = ntight;
+  if (ntight < 3) return 0;
+  std::vector<long double> v;
+  v.reserve(ntight);
+  for (size_t i = 0; i < ntight; ++i) v.push_back(c[i].implied);
+  const long double med = median_of(v);
+  long double med_at = 0;
+  {
+    std::vector<long double> t;
+    t.reserve(ntight);
+    for (size_t i = 0; i < ntight; ++i) t.push_back(c[i].at_ns);
+    med_at = median_of(t);
   }
+  for (auto& x : v) x = std::fabs(x - med);
+  const long double spread = 1.4826L * median_of(v);
+  for (size_t i = 0; i < c.size(); ++i) {
+    const long double tol =
+        std::max<long double>(sel.outlier_k * spread,
+                              c[i].delay_ns / 2 + min_delay / 2 + margin) +
+        kRoundDriftAllowance * std::fabs(c[i].at_ns - med_at);
+    if (std::fabs(c[i].implied - med) > tol) ok[i] = 0;
+  }
+  return spread;
+}
+
+// Selection by delay (see SelectionConfig): the host side.
+Picked pick(std::vector<Cand>& c, const SelectionConfig& sel) {
+  std::sort(c.begin(), c.end(), [](const Cand& x, const Cand& y) { return x.delay_ns < y.delay_ns; });
+  const long double min_delay = c.front().delay_ns;
+  std::vector<uint8_t> ok;
+  const long double value_spread = vote(c, sel, ok);
   // When the values read scatter more than the delays differ (noise in the
   // clock reads themselves), the delay no longer tells good samples from
   // bad ones: widen the margin to that scatter and let averaging work.
@@ -106,6 +114,73 @@ Picked pick(std::vector<Cand>& c, const SelectionConfig& sel) {
     p.b /= static_cast<long double>(p.used);
   }
   p.min_delay_ns = best < 0 ? min_delay : best;
+  return p;
+}
+
+// The device side: a weighted mean over every sample that survives the
+// vote.  A device sample's error (where D lies inside its R bracket) is
+// symmetric, uniform within +-width/2 at worst, so its variance is
+// width^2/12; averaging many samples weighted by the inverse of that beats
+// keeping the tightest few, and the weights make the tightest dominate.  Two
+// more terms: noise in the values themselves (the scatter of the tight
+// samples' implied values beyond what their widths explain), and the
+// sample's distance in R from the host's selection, over which R is taken
+// at its nominal rate (sel.rate_error of it).  `at_host_ns` is that
+// position (R, in ns relative to the base).  The result's max_half_ns is,
+// as for the host side, the largest half-bracket among the samples that
+// carry the mean (weight at least 1/16 of the heaviest): a bound that
+// does not move with the per-round estimates in the weights.
+Picked weigh(std::vector<Cand>& c, const SelectionConfig& sel, long double at_host_ns) {
+  std::sort(c.begin(), c.end(), [](const Cand& x, const Cand& y) { return x.delay_ns < y.delay_ns; });
+  std::vector<uint8_t> ok;
+  size_t ntight = 0;
+  const long double spread = vote(c, sel, ok, &ntight);
+  long double excess2 = 0;
+  if (sel.average_scatter && ntight >= 3) {
+    long double own = 0;
+    for (size_t i = 0; i < ntight; ++i) own += c[i].delay_ns * c[i].delay_ns / 12;
+    excess2 = std::max<long double>(0, spread * spread - own / static_cast<long double>(ntight));
+  }
+  Picked p;
+  long double W = 0, wmax = 0;
+  std::vector<long double> w(c.size(), 0);
+  for (size_t i = 0; i < c.size(); ++i) {
+    if (!ok[i]) continue;
+    const long double gap = (c[i].at_ns - at_host_ns) * sel.rate_error;
+    const long double var = c[i].delay_ns * c[i].delay_ns / 12 + excess2 + gap * gap;
+    w[i] = 1 / (var + 1e-6L);
+    W += w[i];
+    wmax = std::max(wmax, w[i]);
+  }
+  if (W == 0) {  // everything voted out: fall back to the tightest
+    p.a = c.front().a;
+    p.b = c.front().b;
+    p.max_half_ns = c.front().delay_ns / 2;
+    p.min_delay_ns = c.front().delay_ns;
+    p.used = 1;
+    return p;
+  }
+  // Means relative to the heaviest sample (small numbers, exact sums).
+  size_t ref = 0;
+  while (w[ref] != wmax) ++ref;
+  long double da = 0, db = 0;
+  for (size_t i = 0; i < c.size(); ++i) {
+    if (w[i] == 0) continue;
+    da += w[i] * (c[i].a - c[ref].a);
+    db += w[i] * (c[i].b - c[ref].b);
+    if (w[i] >= wmax / 16) {  // the samples that matter
+      ++p.used;
+      p.max_half_ns = std::max(p.max_half_ns, c[i].delay_ns / 2);
+    }
+  }
+  p.a = c[ref].a + da / W;
+  p.b = c[ref].b + db / W;
+  p.min_delay_ns = c[ref].delay_ns;
+  for (size_t i = 0; i < c.size(); ++i)
+    if (ok[i]) {
+      p.min_delay_ns = c[i].delay_ns;
+      break;
+    }
   return p;
 }
 
@@ -178,11 +253,13 @@ Result<SyncObservation> make_observation(std::span<const perfq_clock_sample> hos
     dc.push_back(Cand{static_cast<long double>(delay) * tns, r1 * tns, d * dns - r1 * tns, d, r1});
   }
 
+  // Host side first: the tightest brackets (their error is the one that
+  // does not average out).  Device side: the weighted mean around them.
   const Picked hp = pick(hc, sel);
-  const Picked dp = pick(dc, sel);
-  // Device side: D* and R* are the means over the selection (exact for
-  // linear clocks, no rate needed).  Host side: H at R*, moving each mean
-  // Hmid by the R distance at R's nominal rate.
+  const Picked dp = weigh(dc, sel, hp.b * tns);
+  // D* and R* are the device means (exact for linear clocks, no rate
+  // needed).  Host side: H at R*, moving the mean Hmid by the R distance at
+  // R's nominal rate.
   const long double dstar = dp.a;
   const long double rstar = dp.b;
   const long double gap_ns = (rstar - hp.b) * tns;
@@ -200,7 +277,8 @@ Result<SyncObservation> make_observation(std::span<const perfq_clock_sample> hos
   SyncObservation o;
   o.device_time = base_d + static_cast<uint64_t>(static_cast<int64_t>(dround));
   o.host_ns = base_h + static_cast<uint64_t>(static_cast<int64_t>(hround));
-  o.uncertainty_ns = static_cast<double>(hp.max_half_ns + dp.max_half_ns);
+  o.uncertainty_ns = static_cast<double>(hp.max_half_ns + dp.max_half_ns +
+                                          std::fabs(gap_ns) * sel.rate_error);
   o.host_delay_ns = static_cast<double>(hp.min_delay_ns);
   o.device_delay_ns = static_cast<double>(dp.min_delay_ns);
   o.round = round;
@@ -209,62 +287,11 @@ Result<SyncObservation> make_observation(std::span<const perfq_clock_sample> hos
   return o;
 }
 
-// The device takes sample i right after answering host read i, so pairs
-// are microseconds apart and R's own rate error cannot bias the offset (it
-// would if the tightest host and device samples came from different ends of
-// a long round).  Each pair gives one observation; the pairs whose combined
-// delay is within the selection margin of the tightest are averaged.
 Result<SyncObservation> make_paired_observation(std::span<const perfq_clock_sample> host,
                                                 std::span<const perfq_clock_sample> dev,
                                                 const ClockRates& rates,
                                                 const SelectionConfig& sel, uint32_t round) {
-  if (host.size() != dev.size()) return make_observation(host, dev, rates, sel, round);
-  // A pair is only as good as it is close in time: if the device was
-  // preempted between answering read i and taking sample i, R's own rate
-  // error (up to the 1000 ppm a device may drift) acts over that gap.  The
-  // gap is measured in R (R2 of the read against the device sample's R
-  // midpoint) and counts in the pair's delay and uncertainty.
-  constexpr double kMaxRateError = 1e-3;
-  std::vector<SyncObservation> obs;
-  std::vector<double> gap_cost;
-  obs.reserve(host.size());
-  for (size_t i = 0; i < host.size(); ++i) {
-    auto o = make_observation(std::span(&host[i], 1), std::span(&dev[i], 1), rates, sel, round);
-    if (!o) continue;
-    const uint64_t r1 = dev[i].before + (dev[i].after - dev[i].before) / 2;
-    const double gap_ns = std::fabs(static_cast<double>(time_diff(r1, host[i].value))) *
-                          static_cast<double>(rates.timer_ns_per_tick());
-    o->uncertainty_ns += gap_ns * kMaxRateError;
-    gap_cost.push_back(gap_ns * kMaxRateError);
-    obs.push_back(*o);
-  }
-  if (obs.empty()) return make_observation(host, dev, rates, sel, round);
-  auto delay = [&](const SyncObservation& o) {
-    return o.host_delay_ns + o.device_delay_ns + gap_cost[static_cast<size_t>(&o - obs.data())];
-  };
-  double best = delay(obs[0]);
-  for (const auto& o : obs) best = std::min(best, delay(o));
-  const double limit = best + std::max(sel.margin_ns, sel.margin_frac * best);
-  const SyncObservation& ref = *std::min_element(
-      obs.begin(), obs.end(), [&](const auto& a, const auto& b) { return delay(a) < delay(b); });
-  // Average the selected points (they lie on one line, so their mean does).
-  long double dd = 0, dh = 0, unc = 0;
-  uint16_t used = 0;
-  for (const auto& o : obs) {
-    if (delay(o) > limit) continue;
-    dd += static_cast<long double>(time_diff(o.device_time, ref.device_time));
-    dh += static_cast<long double>(time_diff(o.host_ns, ref.host_ns));
-    unc += o.uncertainty_ns;
-    ++used;
-  }
-  SyncObservation out = ref;
-  out.device_time = ref.device_time + static_cast<uint64_t>(std::llround(dd / used));
-  out.host_ns = ref.host_ns + static_cast<uint64_t>(std::llround(dh / used));
-  out.uncertainty_ns = static_cast<double>(unc / used);
-  out.host_used = used;
-  out.device_used = used;
-  return out;
+  return make_observation(host, dev, rates, sel, round);
 }
-
 
 }  // namespace perfq

@@ -2,9 +2,11 @@
 
 #include <linux/futex.h>
 #include <sched.h>
+#include <time.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <climits>
 #include <string>
 
@@ -35,8 +37,12 @@ TimerServer::TimerServer(const Region& region, const DeviceClock& clock, Options
     : region_(region), clock_(clock), opts_(opts) {}
 
 void TimerServer::publish(uint32_t round, std::vector<perfq_clock_sample>& samples) {
+  // A round always gets at least one device sample, however few reads it had.
+  if (samples.empty()) samples.push_back(sample_device_clock(clock_));
   write_sample_batch(&region_.sync()->device_samples, round, samples);
   samples.clear();
+  // The host may sleep on the batch's round word (HostSync::round()).
+  futex_wake_all(&region_.sync()->device_samples.round);
 }
 
 void TimerServer::run(const std::atomic<bool>& stop) {
@@ -46,6 +52,7 @@ void TimerServer::run(const std::atomic<bool>& stop) {
   samples.reserve(PERFQ_SYNC_MAX_SAMPLES);
   const uint64_t limit = static_cast<uint64_t>(
       std::chrono::duration_cast<std::chrono::nanoseconds>(opts_.spin_limit).count());
+  const uint32_t every = std::max<uint32_t>(opts_.sample_every, 1);
   uint32_t round = 0;
   while (!stop.load(std::memory_order_acquire)) {
     if (round == 0) {
@@ -59,6 +66,7 @@ void TimerServer::run(const std::atomic<bool>& stop) {
     // Serve requests while the window of this round is open; if the reader
     // goes quiet for spin_limit (it died, or forgot to close), poll slowly.
     uint64_t quiet_since = monotonic_ns();
+    uint32_t answered = 0;
     for (uint32_t n = 0;; ++n) {
       // Pairs with the reader's store_release of req_tag.
       const uint64_t req = load_acquire(&t->req_tag);
@@ -70,12 +78,16 @@ void TimerServer::run(const std::atomic<bool>& stop) {
         last = req;
         served_.fetch_add(1, std::memory_order_relaxed);
         // Our own sample, right after the answer: interleaved with the host's.
-        if (samples.size() < PERFQ_SYNC_MAX_SAMPLES) samples.push_back(sample_device_clock(clock_));
+        if (++answered % every == 0 && samples.size() < PERFQ_SYNC_MAX_SAMPLES)
+          samples.push_back(sample_device_clock(clock_));
         quiet_since = monotonic_ns();
+        n = 0;
         continue;
       }
       cpu_relax();
-      if ((n & 255) == 0) {
+      // The window word has a cache line of its own: checking it often is
+      // cheap, and the host waits for the batch we publish when it closes.
+      if ((n & 15) == 0) {
         const uint32_t w = __atomic_load_n(&t->window, __ATOMIC_ACQUIRE);
         if (w != round) {  // closed, or already the next round
           publish(round, samples);
@@ -83,6 +95,7 @@ void TimerServer::run(const std::atomic<bool>& stop) {
           if (w != 0) windows_.fetch_add(1, std::memory_order_relaxed);
           break;
         }
+        if ((n & 255) != 0) continue;
         if (stop.load(std::memory_order_acquire)) return;
         if (monotonic_ns() - quiet_since > limit) {
           futex_wait(&t->window, w, opts_.poll);  // a window left open: poll slowly
@@ -116,6 +129,7 @@ Result<perfq_clock_sample> TimerReader::read(std::chrono::microseconds timeout) 
   const uint64_t deadline =
       s.before + static_cast<uint64_t>(
                      std::chrono::duration_cast<std::chrono::nanoseconds>(timeout).count());
+  uint64_t nap_ns = 50'000;
   for (uint32_t n = 0;; ++n) {
     // Pairs with the server's store_release of resp_tag.
     if (load_acquire(&t->resp_tag) == tag) {
@@ -126,16 +140,27 @@ Result<perfq_clock_sample> TimerReader::read(std::chrono::microseconds timeout) 
     cpu_relax();
     if ((n & 63) != 0) continue;
     const uint64_t now = monotonic_ns();
-    // A device that does not answer within microseconds is not running right
-    // now (a busy machine, or asleep until the window opened): let it run
-    // instead of spinning.  The sample's bracket is wide; the sync round's
-    // selection by delay discards it.
-    if (now - s.before > 20'000) sched_yield();
     if (now > deadline)
       return Status(Errc::kTimeout,
                     "timer register read timed out after " + std::to_string(timeout.count()) +
                         " us: device '" + region_.device_name() + "' did not answer request " +
                         std::to_string(tag) + " (is the device running?)");
+    // A device that does not answer within microseconds is not running right
+    // now (a busy machine, or asleep until the window opened): let it run
+    // instead of spinning (a yield hands it our CPU at once where it waits
+    // for one).  Past a millisecond it is away for longer: back off with
+    // sleeps, since every wakeup costs CPU time too (tens of us on a VM).
+    // The sample's bracket is wide; the round's selection by delay
+    // discards it.
+    const uint64_t waited = now - s.before;
+    if (waited > 1'000'000) {
+      const uint64_t nap = std::min(nap_ns, deadline - now);
+      timespec ts{static_cast<time_t>(nap / 1'000'000'000), static_cast<long>(nap % 1'000'000'000)};
+      nanosleep(&ts, nullptr);
+      nap_ns = std::min<uint64_t>(nap_ns * 2, 1'000'000);
+    } else if (waited > 20'000) {
+      sched_yield();
+    }
   }
 }
 

@@ -253,14 +253,15 @@ TEST_CASE("sync: observation from one round, formula and validation", "[sync]") 
     CHECK(x->host_used == 1);
     CHECK(x->host_delay_ns == Approx(10));
     CHECK(x->host_ns == 300'000);  // H at R 299000 = 299000 + 1000
-    CHECK(x->uncertainty_ns == Approx(5));
+    // 5 (half the bracket) + 99995 ns of R at its nominal rate x 1000 ppm.
+    CHECK(x->uncertainty_ns == Approx(5 + 99.995));
     // A margin of 2 ns averages the three samples of delay 10..12.
     sel.margin_ns = 2;
     auto y = make_observation(hh, dd, rates, sel);
     REQUIRE(y.is_ok());
     CHECK(y->host_used == 3);
     CHECK(y->host_ns == 300'000);
-    CHECK(y->uncertainty_ns == Approx(6));
+    CHECK(y->uncertainty_ns == Approx(6 + 5.667e-3).margin(1e-3));
   }
 }
 
@@ -402,6 +403,59 @@ TEST_CASE("sync: bounded error with jitter", "[sync]") {
 #if !defined(__SANITIZE_ADDRESS__) && !defined(__SANITIZE_THREAD__)
   CHECK(round_us[round_us.size() / 2] < 250);
 #endif
+}
+
+// The shared-memory device's exchange (devsim --clock-jitter-ns J): the
+// server waits a uniform 0..J before reading R for a host read, so a read's
+// delay lies before R and its bracket midpoint is early by half of it; after
+// every third answer it takes a device sample, R1 / uniform 0..J / D /
+// uniform 0..J / R1, and the host read that arrives meanwhile waits for it.
+// Host selection by delay and the weighted device mean must keep that
+// one-sided error small: the targets (median <= 200 ns, p99 <=
+// 1 us) with margin.  Averaging the host side instead of selecting it puts
+// ~1 us of that error into every observation.
+TEST_CASE("sync: one-sided read delays of the shared-memory exchange", "[sync]") {
+  Sim sim;
+  sim.D0 = 3'000'000'000'000'000'000ULL;
+  sim.drift = -800e-6L;
+  sim.timer_drift = -800e-6L;  // D and R on one crystal, as in devsim
+  sim.timer_hz = 19'200'000;
+  const long double J = 3000, lat = 250;
+  std::uniform_real_distribution<double> u(0, static_cast<double>(J));
+  std::vector<SyncRound> rounds;
+  for (uint32_t no = 0; no < 200; ++no) {
+    SyncRound r;
+    r.round = no;
+    long double t = static_cast<long double>(no) * 100e6L, busy = 0;
+    for (int i = 0; i < 48; ++i) {
+      const long double h1 = t;
+      const long double read = std::max(t + lat, busy) + u(sim.rng);
+      const long double h2 = read + lat;
+      r.host.push_back(perfq_clock_sample{sim.H(h1), sim.R(read), sim.H(h2), 0});
+      busy = read + 20;
+      if (i % 3 == 2) {
+        const long double b = busy, d = b + u(sim.rng), a = d + u(sim.rng);
+        r.device.push_back(perfq_clock_sample{sim.R(b), sim.D(d), sim.R(a), 0});
+        busy = a + 20;
+      }
+      t = h2 + 60;
+    }
+    rounds.push_back(std::move(r));
+  }
+  ClockSync sync(sim.rates());
+  for (const auto& r : rounds) {
+    auto o = make_observation(r.host, r.device, sim.rates(), {}, r.round);
+    REQUIRE(o.is_ok());
+    (void)sync.add(o.value());
+  }
+  const double obs_rms = observation_rms(sim, observe_all(rounds, sim.rates()));
+  auto e = record_errors(sim, 2e9L, 20e9L, 5000, [&](uint64_t d) { return sync.to_host(d); });
+  WARN("one-sided 3 us read delays: observation rms " << obs_rms << " ns; online error p50 "
+                                                      << e.p(0.5) << " p99 " << e.p(0.99)
+                                                      << " max " << e.max() << " ns");
+  CHECK(e.p(0.5) <= 120);
+  CHECK(e.p(0.99) <= 500);
+  CHECK(sync.history().segments().size() == 1);
 }
 
 TEST_CASE("sync: preemption outliers are rejected", "[sync]") {
@@ -567,7 +621,8 @@ TEST_CASE("sync: offline re-synchronization beats or equals online", "[sync]") {
        << " max " << of.max() << " ns");
   CHECK(of.rms() <= on.rms());
   CHECK(of.p(0.99) <= on.p(0.99));
-  CHECK(of2.rms() == Approx(of.rms()));
+  // From raw rounds: the same fit, less the rounds the gate leaves out.
+  CHECK(of2.rms() == Approx(of.rms()).epsilon(0.05));
   // Every knot is an ABI model.
   const auto abi = off.model.to_abi();
   CHECK(abi.size() == obs.size() - static_cast<size_t>(std::count(off.segment_of.begin(), off.segment_of.end(), -1)));

@@ -72,9 +72,9 @@ struct SyncObservation {
 };
 
 struct SelectionConfig {
-  // chrony-style: average the samples whose delay is within
+  // Host side, chrony-style: average the samples whose delay is within
   // max(margin_ns, margin_frac * min_delay) of the tightest one.  0/0 keeps
-  // only the tightest sample.
+  // only the tightest sample.  (The device side is a weighted mean, below.)
   double margin_ns = 50;
   double margin_frac = 0.1;
   // A sample among the tightest whose implied offset is more than
@@ -84,10 +84,21 @@ struct SelectionConfig {
   // Widen the margin to the robust scatter of the tight samples' values
   // when that is larger (noisy clock reads: averaging beats selecting).
   bool average_scatter = true;
+  // How far R's real rate may be from its nominal one, relative (1000 ppm).
+  // A device sample dt away from the host's selection costs dt x rate_error
+  // in its weight, and the distance between the two sides' means costs as
+  // much in the observation's uncertainty.
+  double rate_error = 1e-3;
 };
 
 // Host samples: {before = H1, value = R2, after = H2}.  Device samples:
-// {before = R1 before, value = D, after = R1 after}.  Samples whose bracket
+// {before = R1 before, value = D, after = R1 after}.  The host side is
+// selected by delay (the tightest brackets: a read's bracket midpoint is
+// biased by however much of its delay came before or after the read, an
+// error that does not average out over rounds); the device side is the mean
+// of every sample weighted by 1 / (width^2/12 + value scatter + (distance
+// from the host selection x rate_error)^2): where D lies inside its R
+// bracket is a symmetric error, so averaging beats selecting there.  Samples whose bracket
 // is inverted or absurdly wide (> 2^62 ticks) are skipped (the host never
 // trusts the device); with no usable sample on a side the result is an
 // error.  Combines, at one instant,
@@ -98,12 +109,11 @@ Result<SyncObservation> make_observation(std::span<const perfq_clock_sample> hos
                                          const ClockRates& rates,
                                          const SelectionConfig& sel = {}, uint32_t round = 0);
 
-// The same from paired samples: device sample i was taken right after host
-// read i (the timer server does so), so each pair is microseconds apart and
-// R's own rate error cannot bias the offset, however long the round.  Each
-// pair gives one observation; those whose combined delay is within the
-// selection margin of the tightest are averaged.  Spans of different sizes
-// fall back to make_observation().
+// The same for a round whose device samples were taken between the host's
+// reads (the timer server takes one after every other answer), any number
+// of each: make_observation() already weights every device sample by its
+// distance from the host's selection, so R's own rate error cannot bias the
+// offset however long the round.  Kept as the name the callers use.
 Result<SyncObservation> make_paired_observation(std::span<const perfq_clock_sample> host,
                                                 std::span<const perfq_clock_sample> device,
                                                 const ClockRates& rates,
@@ -271,7 +281,10 @@ struct OfflineFit {
 OfflineFit fit_offline(std::span<const SyncObservation> observations, const ClockRates& rates,
                        const SyncConfig& cfg = {});
 
-// The same from raw rounds (host and device samples of each round).
+// The same from raw rounds (host and device samples of each round).  Rounds
+// much less certain than the recording's usual ones (above max(2 us, 4 x
+// the lower quartile of all rounds): preempted or waiting for the device to
+// be scheduled) are left out, as the online gate does.
 struct SyncRound {
   uint32_t round = 0;
   std::vector<perfq_clock_sample> host;
@@ -299,8 +312,11 @@ class DeviceClockSync {
                                               std::span<const perfq_clock_sample> device_samples,
                                               uint32_t round);
 
-  // Add an observation made elsewhere (make_paired_observation()).
-  ClockSync::Verdict add(const SyncObservation& obs) { return sync_.add(obs); }
+  // Add an observation made elsewhere (make_paired_observation()).  Like
+  // the host's HostSync, a round much less certain than this device's
+  // usual ones (above max(2 us, 4 x the lower quartile of the last 64):
+  // the device thread was preempted) is not fitted: verdict kOutlier.
+  ClockSync::Verdict add(const SyncObservation& obs);
   bool ready() const { return sync_.has_model(); }
   // Host time of a device time, with the model current now (records are
   // converted as they are collected, so the latest model is the one valid
@@ -314,6 +330,8 @@ class DeviceClockSync {
  private:
   ClockSync sync_;
   SelectionConfig sel_;
+  std::vector<double> recent_unc_;  // ring of the last rounds' uncertainties
+  size_t recent_pos_ = 0;
 };
 
 const char* verdict_name(ClockSync::Verdict v);

@@ -28,15 +28,22 @@ namespace perfq {
 
 // Device side.  run() belongs to one thread.
 //
-// The window word carries the sync round (nonzero).  After answering each
-// request the server also takes one device sample (R before, D, R after),
-// so device and host samples interleave in time; when the window closes it
-// publishes them as the SYNC page's device_samples batch of that round.
+// The window word carries the sync round (nonzero).  After answering every
+// sample_every-th request the server also takes one device sample (R
+// before, D, R after), so device and host samples interleave in time; when
+// the window closes it publishes them as the SYNC page's device_samples
+// batch of that round (at least one sample: it takes one then if it has
+// none).  Not after every answer: the server is busy while it samples, and
+// the host's next read, which arrives at once, would wait for it; that wait
+// lies before R is read, so it biases the read's bracket midpoint early by
+// half of it.  With a sample after every third answer, two reads in three
+// find the server idle and the host's selection by delay picks those.
 class TimerServer {
  public:
   struct Options {
     std::chrono::milliseconds poll{2};         // window check period when asleep
     std::chrono::milliseconds spin_limit{20};  // spin without requests before sleeping again
+    uint32_t sample_every = 3;                 // device sample after every n-th answer (>= 1)
   };
   TimerServer(const Region& region, const DeviceClock& clock, Options opts);
   TimerServer(const Region& region, const DeviceClock& clock)
