@@ -30,10 +30,8 @@ void Merger::push(Input* in, std::vector<TraceRecord>& records, int64_t bound) {
     std::lock_guard lock(mu_);
     incoming_.insert(incoming_.end(), records.begin(), records.end());
     stats_.pushed += records.size();
-    if (bound > in->bound_) {
-      in->bound_ = bound;
-      in->moved_at_ = now;
-    }
+    if (bound > in->bound_) in->bound_ = bound;
+    in->heard_at_ = now;
     wake = incoming_.size() + sorted_.size() >= opts_.wake_writer_at;
   }
   records.clear();
@@ -43,10 +41,8 @@ void Merger::push(Input* in, std::vector<TraceRecord>& records, int64_t bound) {
 void Merger::advance(Input* in, int64_t bound) {
   const int64_t now = now_ns();
   std::lock_guard lock(mu_);
-  if (bound > in->bound_) {
-    in->bound_ = bound;
-    in->moved_at_ = now;
-  }
+  if (bound > in->bound_) in->bound_ = bound;
+  in->heard_at_ = now;
 }
 
 void Merger::close(Input* in) {
@@ -61,7 +57,7 @@ int64_t Merger::watermark_locked(int64_t now) const {
   int64_t w = INT64_MAX;
   for (const auto& in : inputs_) {
     if (in->closed_) continue;
-    if (now - in->moved_at_ > opts_.stream_timeout_ns) continue;  // timed out
+    if (now - in->heard_at_ > opts_.stream_timeout_ns) continue;  // timed out
     w = std::min(w, in->bound_);
   }
   if (w == INT64_MAX) w = now;  // nothing holds it: everything up to now

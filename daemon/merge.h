@@ -6,8 +6,8 @@
 // of my future records will be older than this host time".  The watermark is
 // the smallest bound of the inputs still open; records older than it are
 // released in time order.  Two rules keep memory bounded:
-//   - an input whose bound has not moved for `stream_timeout` (its thread is
-//     stuck, its device stalled) no longer holds the watermark back;
+//   - an input not heard from (no push, no advance) for `stream_timeout`
+//     (its thread is stuck) no longer holds the watermark back;
 //   - the watermark never lags the present by more than `max_delay`.
 // A record that arrives below what was already released is "late": it is
 // still released (next), and counted.
@@ -89,10 +89,10 @@ class Merger::Input {
  private:
   friend class Merger;
   Input(std::string name, int64_t bound, int64_t now)
-      : name_(std::move(name)), bound_(bound), moved_at_(now) {}
+      : name_(std::move(name)), bound_(bound), heard_at_(now) {}
   std::string name_;
   int64_t bound_;
-  int64_t moved_at_;  // host ns when the bound last moved
+  int64_t heard_at_;  // host ns of the last push or advance
   bool closed_ = false;
 };
 

@@ -131,7 +131,11 @@ class DeviceRecorder {
     ClockSync sync;
     uint64_t covered_device = 0;  // device time of the newest observation in it
     int64_t covered_host = 0;     // its host time
+    uint64_t rounds = 0;          // rounds taken into the model so far
   };
+  // Rounds a model must have taken in before it converts anything: the
+  // first ones do not know the drift yet, and one bad round weighs much.
+  static constexpr uint64_t kMinModelRounds = 5;
   std::shared_ptr<const ModelSnapshot> model() const {
     std::lock_guard lock(model_mu_);
     return model_;
@@ -170,10 +174,11 @@ class DeviceRecorder {
         rec_.queue_sync(std::move(ss), has ? &m : nullptr);
         const bool taken = r->verdict == ClockSync::Verdict::kAccepted ||
                            r->verdict == ClockSync::Verdict::kNewSegment;
+        if (taken) ++taken_rounds_;
         if (has && taken) {
           auto snap = std::make_shared<const ModelSnapshot>(
               ModelSnapshot{sync.sync(), r->observation.device_time,
-                            static_cast<int64_t>(r->observation.host_ns)});
+                            static_cast<int64_t>(r->observation.host_ns), taken_rounds_});
           {
             std::lock_guard lock(model_mu_);
             model_ = std::move(snap);
@@ -217,7 +222,8 @@ class DeviceRecorder {
       return true;
     }
     if (!m) return false;
-    if (!force && time_diff(m->covered_device, r.time) < 0) return false;
+    if (!force && (m->rounds < kMinModelRounds || time_diff(m->covered_device, r.time) < 0))
+      return false;
     const PiecewiseModel& h = m->sync.history();
     const int seg = h.segment_for(r.time);
     const bool current = seg >= 0 && static_cast<size_t>(seg) + 1 == h.segments().size();
@@ -243,8 +249,9 @@ class DeviceRecorder {
       return -1;
     }
     auto model = this->model();
-    const int64_t hold_limit = 3 * static_cast<int64_t>(opts_.sync_interval_ms) * 1'000'000 +
-                               200'000'000;
+    const int64_t hold_limit =
+        static_cast<int64_t>(kMinModelRounds + 3) * opts_.sync_interval_ms * 1'000'000 +
+        200'000'000;
     if (model && !held_.empty() && (model != held_model_ || t0 - held_since_ > hold_limit)) {
       // A newer model (or the wait is over): release what it covers.
       const bool force = t0 - held_since_ > hold_limit;
@@ -259,6 +266,11 @@ class DeviceRecorder {
       held_.resize(keep);
       held_model_ = model;
       held_since_ = t0;
+      if (!held_.empty()) {
+        held_min_ = held_.front().time;
+        for (const auto& r : held_)
+          if (time_diff(r.time, held_min_) < 0) held_min_ = r.time;
+      }
     }
     uint64_t dropped = 0;
     for (const auto& r : batch) {
@@ -266,7 +278,12 @@ class DeviceRecorder {
       if (convert(r, model.get(), false, &tr)) {
         out.push_back(tr);
       } else if (held_.size() < kMaxUnconverted) {
-        if (held_.empty()) held_since_ = t0;
+        if (held_.empty()) {
+          held_since_ = t0;
+          held_min_ = r.time;
+        } else if (time_diff(r.time, held_min_) < 0) {
+          held_min_ = r.time;
+        }
         held_.push_back(r);
       } else {
         ++dropped;
@@ -284,11 +301,15 @@ class DeviceRecorder {
     }
     // Everything up to t0 has been read when the poll came back short; the
     // device may still hold records up to its collector's latency.
-    // Held records lie after the newest sync observation.
+    // Held records will land near where the current model puts the oldest
+    // of them (less the device latency, for what the model does not know).
     const bool caught_up = *n < kDrainBatch;
     int64_t bound = caught_up ? t0 - opts_.device_grace_ns : INT64_MIN;
-    if (!held_.empty()) bound = model ? std::min(bound, model->covered_host) : INT64_MIN;
-    if (!out.empty() || bound != INT64_MIN) rec_.merger().push(input_, out, bound);
+    if (!held_.empty())
+      bound = model ? std::min(bound, static_cast<int64_t>(model->sync.to_host(held_min_)) -
+                                          opts_.device_grace_ns)
+                    : INT64_MIN;
+    rec_.merger().push(input_, out, bound);  // also says this input is alive
     return static_cast<long>(*n);
   }
 
@@ -390,7 +411,7 @@ class DeviceRecorder {
       if (!sync->sync().has_model()) continue;
       auto snap = std::make_shared<const ModelSnapshot>(
           ModelSnapshot{sync->sync(), r->observation.device_time,
-                        static_cast<int64_t>(r->observation.host_ns)});
+                        static_cast<int64_t>(r->observation.host_ns), ++taken_rounds_});
       const SyncRound& sr = sync->rounds().back();
       std::vector<TraceSyncSample> ss;
       for (size_t i = 0; i < std::min(sr.host.size(), sr.device.size()); ++i)
@@ -401,7 +422,7 @@ class DeviceRecorder {
         std::lock_guard lock(model_mu_);
         model_ = snap;
       }
-      if (time_diff(snap->covered_device, newest) >= 0) return;
+      if (time_diff(snap->covered_device, newest) >= 0 && snap->rounds >= kMinModelRounds) return;
     }
   }
 
@@ -421,9 +442,11 @@ class DeviceRecorder {
 
   std::vector<perfq_record> held_;  // drain thread: waiting for a model that covers them
   std::shared_ptr<const ModelSnapshot> held_model_;
+  uint64_t held_min_ = 0;  // the oldest device time in held_
   int64_t held_since_ = 0;
   std::unique_ptr<HostSync> sync_;  // the sync thread's; the drain's after it ended
   std::atomic<bool> sync_done_{false};
+  uint64_t taken_rounds_ = 0;  // the sync thread's, then the drain's (after sync_done_)
   uint64_t dropped_no_clock_ = 0;                  // drain thread only
 
   mutable std::mutex mu_;  // guards what status() reads

@@ -578,7 +578,11 @@ ClockSync::Verdict DeviceClockSync::add(const SyncObservation& obs) {
     recent_unc_.push_back(obs.uncertainty_ns);
   else
     recent_unc_[recent_pos_++ % kRounds] = obs.uncertainty_ns;
-  if (sync_.has_model() && obs.uncertainty_ns > gate) return ClockSync::Verdict::kOutlier;
+  // Gate only once enough rounds tell what is usual: a young model needs
+  // rounds (its drift is not known yet) more than it needs them tight.
+  constexpr size_t kMinGateRounds = 8;
+  if (sync_.has_model() && recent_unc_.size() > kMinGateRounds && obs.uncertainty_ns > gate)
+    return ClockSync::Verdict::kOutlier;
   return sync_.add(obs);
 }
 

@@ -272,6 +272,14 @@ TEST_CASE("sync accuracy: mode B, the device converts its own records", "[sync][
   report("mode B", o);
   REQUIRE(o.err_ns.size() > 1000);
   if (kSanitized) {
+    // A sanitized devsim on a saturated machine can go a whole run without
+    // a CPU of its own during the rounds (no fast round): then the device
+    // had nothing to fit, which says nothing about the estimator.
+    if (o.fast_round_cpu_ns.size() < 5) {
+      WARN("mode B: only " << o.fast_round_cpu_ns.size()
+                           << " rounds found the device running; accuracy not checked");
+      return;
+    }
     CHECK(pct(o.err_ns, 99) < 100'000);
     return;
   }
