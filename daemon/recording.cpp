@@ -166,9 +166,7 @@ class DeviceRecorder {
                        last_sync_error_);
       } else {
         const SyncRound& sr = sync.rounds().back();
-        std::vector<TraceSyncSample> ss;
-        for (size_t i = 0; i < std::min(sr.host.size(), sr.device.size()); ++i)
-          ss.push_back({source_, sr.round, sr.host[i], sr.device[i]});
+        std::vector<TraceSyncSample> ss = samples_of(sr);
         const bool has = sync.sync().has_model();
         TraceClockModel m{source_, now_ns(), has ? sync.sync().current().to_abi() : perfq_sync_model{}};
         rec_.queue_sync(std::move(ss), has ? &m : nullptr);
@@ -202,6 +200,14 @@ class DeviceRecorder {
       wait_stop_for(std::chrono::milliseconds(opts_.sync_interval_ms));
     }
     sync_done_ = true;
+  }
+
+  // One round's paired samples as the trace stores them.
+  std::vector<TraceSyncSample> samples_of(const SyncRound& sr) const {
+    std::vector<TraceSyncSample> ss;
+    for (size_t i = 0; i < std::min(sr.host.size(), sr.device.size()); ++i)
+      ss.push_back({source_, sr.round, sr.host[i], sr.device[i]});
+    return ss;
   }
 
   static bool device_domain(const perfq_record& r) {
@@ -413,9 +419,7 @@ class DeviceRecorder {
           ModelSnapshot{sync->sync(), r->observation.device_time,
                         static_cast<int64_t>(r->observation.host_ns), ++taken_rounds_});
       const SyncRound& sr = sync->rounds().back();
-      std::vector<TraceSyncSample> ss;
-      for (size_t i = 0; i < std::min(sr.host.size(), sr.device.size()); ++i)
-        ss.push_back({source_, sr.round, sr.host[i], sr.device[i]});
+      std::vector<TraceSyncSample> ss = samples_of(sr);
       TraceClockModel m{source_, now_ns(), sync->sync().current().to_abi()};
       rec_.queue_sync(std::move(ss), &m);
       {
