@@ -204,10 +204,7 @@ class DeviceRecorder {
 
   // One round's paired samples as the trace stores them.
   std::vector<TraceSyncSample> samples_of(const SyncRound& sr) const {
-    std::vector<TraceSyncSample> ss;
-    for (size_t i = 0; i < std::min(sr.host.size(), sr.device.size()); ++i)
-      ss.push_back({source_, sr.round, sr.host[i], sr.device[i]});
-    return ss;
+    return trace_samples_of(source_, sr);
   }
 
   static bool device_domain(const perfq_record& r) {

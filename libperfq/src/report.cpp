@@ -126,7 +126,12 @@ int64_t apply_sync_model(const perfq_sync_model& m, uint64_t device_time) {
   return static_cast<int64_t>(m.host_ref_ns + delta + adj);
 }
 
-Result<TraceClockModel> least_squares_sync_fit(std::span<const TraceSyncSample> samples) {
+Result<TraceClockModel> least_squares_sync_fit(std::span<const TraceSyncSample> all) {
+  // Only samples with both sides pair a host bracket with a device one.
+  std::vector<TraceSyncSample> samples;
+  samples.reserve(all.size());
+  for (const auto& s : all)
+    if (s.has_host() && s.has_device()) samples.push_back(s);
   if (samples.empty()) return Status(Errc::kInvalidArgument, "offline sync fit: no sync samples");
   std::vector<uint64_t> widths;
   widths.reserve(samples.size());
@@ -470,12 +475,7 @@ std::shared_ptr<const PiecewiseModel> offline_piecewise(const TraceSource* src,
   rates.device_hz = src->clock_hz;
   rates.timer_hz = src->timer_hz ? src->timer_hz : src->clock_hz;
   if (!rates.validate().is_ok()) return nullptr;
-  std::vector<SyncRound> rounds;
-  for (const auto& x : samples) {
-    if (rounds.empty() || rounds.back().round != x.round) rounds.push_back(SyncRound{x.round, {}, {}});
-    rounds.back().host.push_back(x.host);
-    rounds.back().device.push_back(x.device);
-  }
+  const std::vector<SyncRound> rounds = sync_rounds_of(samples);
   OfflineFit fit = fit_offline_rounds(rounds, rates);
   if (fit.model.empty() || fit.model.segments().back().knots.empty()) return nullptr;
   return std::make_shared<const PiecewiseModel>(std::move(fit.model));

@@ -51,7 +51,7 @@ inline void decode(const uint8_t* p, TraceRecord& r) {
 
 inline void encode(uint8_t* p, const TraceSyncSample& s) {
   put<uint16_t>(p + 0, s.source);
-  put<uint16_t>(p + 2, 0);
+  put<uint16_t>(p + 2, s.absent);
   put<uint32_t>(p + 4, s.round);
   put<uint64_t>(p + 8, s.host.before);
   put<uint64_t>(p + 16, s.host.value);
@@ -63,6 +63,7 @@ inline void encode(uint8_t* p, const TraceSyncSample& s) {
 inline void decode(const uint8_t* p, TraceSyncSample& s) {
   s = TraceSyncSample{};
   s.source = get<uint16_t>(p + 0);
+  s.absent = get<uint16_t>(p + 2);
   s.round = get<uint32_t>(p + 4);
   s.host.before = get<uint64_t>(p + 8);
   s.host.value = get<uint64_t>(p + 16);

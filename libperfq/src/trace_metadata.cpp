@@ -2,10 +2,12 @@
 #include <sys/utsname.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstring>
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "perfq/sync.h"
 #include "perfq/trace.h"
 
 #ifndef PERFQ_VERSION_STRING
@@ -201,7 +203,38 @@ bool operator==(const TraceSyncSample& a, const TraceSyncSample& b) {
   return a.source == b.source && a.round == b.round && a.host.before == b.host.before &&
          a.host.value == b.host.value && a.host.after == b.host.after &&
          a.device.before == b.device.before && a.device.value == b.device.value &&
-         a.device.after == b.device.after;
+         a.device.after == b.device.after && a.absent == b.absent;
+}
+
+std::vector<TraceSyncSample> trace_samples_of(uint16_t source, const SyncRound& r) {
+  std::vector<TraceSyncSample> out;
+  const size_t n = std::max(r.host.size(), r.device.size());
+  out.reserve(n);
+  for (size_t i = 0; i < n; ++i) {
+    TraceSyncSample s;
+    s.source = source;
+    s.round = r.round;
+    if (i < r.host.size())
+      s.host = r.host[i];
+    else
+      s.absent |= TraceSyncSample::kNoHost;
+    if (i < r.device.size())
+      s.device = r.device[i];
+    else
+      s.absent |= TraceSyncSample::kNoDevice;
+    out.push_back(s);
+  }
+  return out;
+}
+
+std::vector<SyncRound> sync_rounds_of(std::span<const TraceSyncSample> samples) {
+  std::vector<SyncRound> rounds;
+  for (const auto& x : samples) {
+    if (rounds.empty() || rounds.back().round != x.round) rounds.push_back(SyncRound{x.round, {}, {}});
+    if (x.has_host()) rounds.back().host.push_back(x.host);
+    if (x.has_device()) rounds.back().device.push_back(x.device);
+  }
+  return rounds;
 }
 
 bool operator==(const TraceClockModel& a, const TraceClockModel& b) {

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "perfq/crc32c.h"
+#include "perfq/sync.h"
 #include "perfq/trace.h"
 #include "perfq/trace_synth.h"
 
@@ -86,6 +87,12 @@ TraceSyncSample nth_sample(uint32_t k) {
   s.round = k / 4;
   s.host = {1000u + k, 2000u + k, 1300u + k, 0};
   s.device = {3000u + k, ~uint64_t{k}, 3010u + k, 0};
+  // Rounds hold more host samples than device ones: the last of each four
+  // has no device side.
+  if (k % 4 == 3) {
+    s.device = {};
+    s.absent = TraceSyncSample::kNoDevice;
+  }
   return s;
 }
 
@@ -173,6 +180,53 @@ void write_big(const std::string& path, bool compress, uint64_t n) {
   REQUIRE(w->append_loss(test_loss()).is_ok());
   REQUIRE(w->close().is_ok());
   CHECK(w->records_written() == n);
+}
+
+TEST_CASE("trace: a sync round keeps every sample of both sides", "[trace]") {
+  SyncRound r;
+  r.round = 17;
+  for (uint64_t i = 0; i < 48; ++i) r.host.push_back({100 + i, 200 + i, 300 + i, 0});
+  for (uint64_t i = 0; i < 16; ++i) r.device.push_back({400 + i, 500 + i, 600 + i, 0});
+  SyncRound r2 = r;
+  r2.round = 18;
+  std::swap(r2.host, r2.device);  // and the other way round
+  std::vector<TraceSyncSample> ss = trace_samples_of(3, r);
+  auto more = trace_samples_of(3, r2);
+  CHECK(ss.size() == 48);
+  CHECK(ss[15].has_device());
+  CHECK_FALSE(ss[16].has_device());
+  CHECK(ss[47].has_host());
+  CHECK_FALSE(more[47].has_host());
+  ss.insert(ss.end(), more.begin(), more.end());
+
+  TempDir dir("sync-samples");
+  const std::string path = dir.file("t.pq");
+  {
+    auto w = TraceWriter::open(path, test_metadata(), {});
+    REQUIRE(w.is_ok());
+    REQUIRE(w->append_sync_samples(ss).is_ok());
+    REQUIRE(w->close().is_ok());
+  }
+  struct Collect : TraceVisitor {
+    std::vector<TraceSyncSample> got;
+    Status on_sync_samples(std::span<const TraceSyncSample> s) override {
+      got.insert(got.end(), s.begin(), s.end());
+      return Status::ok();
+    }
+  } c;
+  auto rd = TraceReader::open(path);
+  REQUIRE(rd.is_ok());
+  REQUIRE(rd->read(c).is_ok());
+  REQUIRE(c.got == ss);
+  const auto rounds = sync_rounds_of(c.got);
+  REQUIRE(rounds.size() == 2);
+  CHECK(rounds[0].round == 17);
+  CHECK(rounds[0].host.size() == 48);
+  CHECK(rounds[0].device.size() == 16);
+  CHECK(rounds[1].host.size() == 16);
+  CHECK(rounds[1].device.size() == 48);
+  for (size_t i = 0; i < 48; ++i) CHECK(rounds[0].host[i].value == r.host[i].value);
+  for (size_t i = 0; i < 16; ++i) CHECK(rounds[0].device[i].after == r.device[i].after);
 }
 
 TEST_CASE("crc32c: the standard check value", "[trace]") {

@@ -137,10 +137,8 @@ int run_record(const RecordOptions& o) {
         if (failed_rounds++ == 0) first_round_error = r.status().message();
       } else {
         const SyncRound& sr = sync.rounds().back();
-        std::vector<TraceSyncSample> ss;
-        for (size_t i = 0; i < std::min(sr.host.size(), sr.device.size()); ++i)
-          ss.push_back({kDeviceSource, sr.round, sr.host[i], sr.device[i]});
-        if (Status s = writer->append_sync_samples(ss); !s) return fail(s.message());
+        if (Status s = writer->append_sync_samples(trace_samples_of(kDeviceSource, sr)); !s)
+          return fail(s.message());
         if (sync.sync().has_model()) {
           TraceClockModel m{kDeviceSource, static_cast<int64_t>(monotonic_ns()),
                             sync.sync().current().to_abi()};

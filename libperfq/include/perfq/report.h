@@ -64,7 +64,7 @@ using OfflineSyncFit = std::function<Result<TraceClockModel>(std::span<const Tra
 // samples whose host bracket is at most twice the median, and fits
 // host = a + b * device by least squares.  uncertainty_ns = half the
 // tightest bracket + the RMS residual.  Needs at least one sample (one
-// sample: offset only, rate 0).
+// sample: offset only, rate 0).  Samples lacking a side are skipped.
 Result<TraceClockModel> least_squares_sync_fit(std::span<const TraceSyncSample> samples);
 
 // host_ns = host_ref_ns + (device_time - device_ref) * (1 + rate_ppb / 1e9)

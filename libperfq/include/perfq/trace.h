@@ -138,14 +138,28 @@ struct TraceRecord {
 bool operator==(const TraceRecord& a, const TraceRecord& b);
 
 // One sync exchange of a device: the host's bracket (H1, R2, H2) and the
-// device's (R1 before, D, R1 after).  reserved fields are not stored.
+// device's (R1 before, D, R1 after).  reserved fields are not stored.  A
+// round may hold more samples of one side than of the other (the device
+// samples every few host reads): the side a sample lacks is flagged.
 struct TraceSyncSample {
+  static constexpr uint16_t kNoHost = 1, kNoDevice = 2;
   uint16_t source = 0;  // the device
   uint32_t round = 0;
   perfq_clock_sample host{};
   perfq_clock_sample device{};
+  uint16_t absent = 0;  // kNoHost | kNoDevice (0 in traces written before)
+
+  bool has_host() const { return (absent & kNoHost) == 0; }
+  bool has_device() const { return (absent & kNoDevice) == 0; }
 };
 bool operator==(const TraceSyncSample& a, const TraceSyncSample& b);
+
+// A sync round's samples as the trace stores them (every sample of both
+// sides, paired by position) and back, grouped by round in trace order.
+// SyncRound is perfq/sync.h's.
+struct SyncRound;
+std::vector<TraceSyncSample> trace_samples_of(uint16_t source, const SyncRound& round);
+std::vector<SyncRound> sync_rounds_of(std::span<const TraceSyncSample> samples);
 
 // A clock model the daemon used for a device from `model.valid_from_device`.
 // seq and reserved fields are not stored.
