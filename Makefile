@@ -59,8 +59,7 @@ demo: build
 	@scripts/demo.sh $(BUILD)
 
 bench: build
-	@mkdir -p $(BUILD)/bench
-	$(BUILD)/bin/perfq_bench --out=$(BUILD)/bench/results.json
+	@scripts/bench.py --build $(BUILD) --out $(BUILD)/bench/results.json
 
 clean:
 	rm -rf $(BUILD) $(BUILD_ASAN) $(BUILD_TSAN)

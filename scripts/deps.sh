@@ -18,6 +18,10 @@ PACKAGES=(
   libzstd-dev
   babeltrace2
   protobuf-compiler
+  # The LTTng-UST baseline of make bench (perfq_lttng_bench, a private
+  # lttng-sessiond).
+  liblttng-ust-dev
+  lttng-tools
   libspdlog-dev
   libsystemd-dev
   # The driver and its QEMU scenarios: the guest kernel, its headers, the

@@ -1,0 +1,165 @@
+// Process-level helpers of scripts/bench.py; each prints one JSON line.
+//
+//   perfq_sys_bench compute --calibrate
+//       the compute chunk (loop iterations) that takes about 1 us here.
+//   perfq_sys_bench compute --chunk N --seconds S [--trace]
+//       a compute-bound worker: chunks of N iterations for S seconds of its
+//       own CPU time; with --trace it records one perfq_instant per chunk
+//       (about 1 M events/s) through the daemon at PERFQ_SOCKET.  Prints the
+//       chunks per CPU second and per wall second, and the library's counts.
+//   perfq_sys_bench sync --device SPEC --rounds N
+//       N HostSync rounds (mode A) against a running device (perfq-devsim);
+//       prints the median and mean host CPU time per round.
+#include <time.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "perfq/device.h"
+#include "perfq/device_clock.h"
+#include "perfq/host_sync.h"
+#include "perfq/perfq.h"
+#include "perfq/transport.h"
+
+namespace perfq {
+namespace {
+
+uint64_t thread_cpu_ns() {
+  timespec ts{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return static_cast<uint64_t>(ts.tv_sec) * 1'000'000'000u + static_cast<uint64_t>(ts.tv_nsec);
+}
+
+// The work: a dependent chain of multiply-xorshift steps (no memory traffic).
+__attribute__((noinline)) uint64_t compute(uint64_t x, uint64_t n) {
+  for (uint64_t i = 0; i < n; ++i) {
+    x ^= x >> 17;
+    x *= 0x9E3779B97F4A7C15ull;
+    x += i;
+  }
+  return x;
+}
+
+const char* arg_value(int argc, char** argv, const char* name, const char* def) {
+  for (int i = 1; i + 1 < argc; ++i)
+    if (std::strcmp(argv[i], name) == 0) return argv[i + 1];
+  return def;
+}
+bool has_flag(int argc, char** argv, const char* name) {
+  for (int i = 1; i < argc; ++i)
+    if (std::strcmp(argv[i], name) == 0) return true;
+  return false;
+}
+
+int cmd_compute(int argc, char** argv) {
+  if (has_flag(argc, argv, "--calibrate")) {
+    uint64_t n = 1000, x = 1;
+    for (;;) {
+      const uint64_t t0 = thread_cpu_ns();
+      x = compute(x, n);
+      const uint64_t dt = thread_cpu_ns() - t0;
+      if (dt > 50'000'000) {
+        const uint64_t chunk = std::max<uint64_t>(1, n * 1000 / dt);
+        std::printf("{\"chunk\":%llu,\"x\":%llu}\n", static_cast<unsigned long long>(chunk),
+                    static_cast<unsigned long long>(x & 1));
+        return 0;
+      }
+      n *= 2;
+    }
+  }
+  const uint64_t chunk = std::stoull(arg_value(argc, argv, "--chunk", "100"));
+  const double seconds = std::stod(arg_value(argc, argv, "--seconds", "1"));
+  const bool trace = has_flag(argc, argv, "--trace");
+  uint32_t ev = 0;
+  if (trace) {
+    if (perfq_init("perfq-interference", nullptr) != 0 || !perfq_wait_connected(5000)) {
+      std::fprintf(stderr, "perfq_sys_bench: no daemon at PERFQ_SOCKET\n");
+      return 1;
+    }
+    ev = perfq_event("compute_chunk", PERFQ_KIND_INSTANT);
+    if (perfq_thread_init("worker") != 0) {
+      std::fprintf(stderr, "perfq_sys_bench: no ring for the worker\n");
+      return 1;
+    }
+  }
+  const uint64_t budget = static_cast<uint64_t>(seconds * 1e9);
+  const uint64_t cpu0 = thread_cpu_ns(), wall0 = monotonic_ns();
+  uint64_t x = 1, chunks = 0, cpu = 0;
+  // Check the CPU clock every 1024 chunks only: it is a system call.
+  while (cpu < budget) {
+    for (int k = 0; k < 1024; ++k) {
+      x = compute(x, chunk);
+      if (trace) perfq_instant(ev, chunks + static_cast<uint64_t>(k));
+    }
+    chunks += 1024;
+    cpu = thread_cpu_ns() - cpu0;
+  }
+  const uint64_t wall = monotonic_ns() - wall0;
+  perfq_stats st{};
+  perfq_get_stats(&st);
+  std::printf(
+      "{\"chunks\":%llu,\"chunks_per_cpu_s\":%.1f,\"chunks_per_wall_s\":%.1f,\"events_per_s\":%.1f,"
+      "\"recorded\":%llu,\"lost\":%llu,\"dropped\":%llu,\"x\":%llu}\n",
+      static_cast<unsigned long long>(chunks), static_cast<double>(chunks) * 1e9 / static_cast<double>(cpu),
+      static_cast<double>(chunks) * 1e9 / static_cast<double>(wall),
+      trace ? static_cast<double>(chunks) * 1e9 / static_cast<double>(wall) : 0.0,
+      static_cast<unsigned long long>(st.recorded), static_cast<unsigned long long>(st.lost),
+      static_cast<unsigned long long>(st.dropped + st.not_recording),
+      static_cast<unsigned long long>(x & 1));
+  if (trace) perfq_shutdown();
+  return 0;
+}
+
+int cmd_sync(int argc, char** argv) {
+  const std::string spec = arg_value(argc, argv, "--device", "");
+  const int rounds = std::stoi(arg_value(argc, argv, "--rounds", "50"));
+  std::unique_ptr<DeviceTransport> t;
+  for (int i = 0; i < 1000 && !t; ++i) {
+    auto r = open_transport(spec);
+    if (r.is_ok() && device_state(r.value()->region()) == PERFQ_DEVICE_RUNNING)
+      t = std::move(r.value());
+    else
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  if (!t) {
+    std::fprintf(stderr, "perfq_sys_bench: no running device at %s\n", spec.c_str());
+    return 1;
+  }
+  HostSync hs(*t);
+  std::vector<uint64_t> cpu;
+  int failed = 0;
+  for (int i = 0; i < rounds; ++i) {
+    auto r = hs.round();
+    if (r)
+      cpu.push_back(r->cpu_ns);
+    else
+      ++failed;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));  // the daemon's pace, roughly
+  }
+  if (cpu.empty()) {
+    std::fprintf(stderr, "perfq_sys_bench: every sync round failed\n");
+    return 1;
+  }
+  std::sort(cpu.begin(), cpu.end());
+  double mean = 0;
+  for (uint64_t c : cpu) mean += static_cast<double>(c);
+  mean /= static_cast<double>(cpu.size());
+  std::printf("{\"rounds\":%zu,\"failed\":%d,\"median_cpu_ns\":%llu,\"mean_cpu_ns\":%.0f}\n",
+              cpu.size(), failed, static_cast<unsigned long long>(cpu[cpu.size() / 2]), mean);
+  return 0;
+}
+
+}  // namespace
+}  // namespace perfq
+
+int main(int argc, char** argv) {
+  if (argc >= 2 && std::strcmp(argv[1], "compute") == 0) return perfq::cmd_compute(argc, argv);
+  if (argc >= 2 && std::strcmp(argv[1], "sync") == 0) return perfq::cmd_sync(argc, argv);
+  std::fprintf(stderr, "usage: perfq_sys_bench compute|sync ...\n");
+  return 2;
+}
