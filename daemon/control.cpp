@@ -1,6 +1,7 @@
 #include "control.h"
 
 #include <poll.h>
+#include <pthread.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -120,6 +121,7 @@ void ControlServer::accept_one() {
   }
   ++active_;
   std::thread([this, c = std::move(conn)]() mutable {
+    pthread_setname_np(pthread_self(), "pq-control");
     serve(std::move(c));
     --active_;
   }).detach();

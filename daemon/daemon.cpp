@@ -2,6 +2,7 @@
 
 #include <glob.h>
 #include <grp.h>
+#include <pthread.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -39,7 +40,10 @@ std::string Peer::describe() const {
 
 Daemon::Daemon(DaemonConfig config)
     : config_(std::move(config)), started_ns_(now_ns()), apps_(apps_options(config_)) {
-  collector_ = std::thread([this] { collector_main(); });
+  collector_ = std::thread([this] {
+    pthread_setname_np(pthread_self(), "pq-collect");
+    collector_main();
+  });
 }
 
 Daemon::~Daemon() {

@@ -1,5 +1,6 @@
 #include "recording.h"
 
+#include <pthread.h>
 #include <sys/fsuid.h>
 #include <unistd.h>
 
@@ -58,8 +59,14 @@ class DeviceRecorder {
     HostSyncOptions so;
     so.mode = o.sync_mode;
     sync_ = std::make_unique<HostSync>(*dev_, so);
-    sync_thread_ = std::thread([this] { sync_main(); });
-    drain_thread_ = std::thread([this] { drain_main(); });
+    sync_thread_ = std::thread([this] {
+      pthread_setname_np(pthread_self(), "pq-sync");
+      sync_main();
+    });
+    drain_thread_ = std::thread([this] {
+      pthread_setname_np(pthread_self(), "pq-drain");
+      drain_main();
+    });
   }
 
   void stop() {
@@ -534,7 +541,10 @@ Result<std::unique_ptr<Recording>> Recording::start(const RecordingOptions& o) {
 
   rec->host_input_ = rec->merger_.add_input("host", rec->start_ns_ - o.host_grace_ns);
   for (auto& d : rec->devices_) d->start(o);
-  rec->writer_thread_ = std::thread([r = rec.get()] { r->writer_main(); });
+  rec->writer_thread_ = std::thread([r = rec.get()] {
+    pthread_setname_np(pthread_self(), "pq-writer");
+    r->writer_main();
+  });
   return rec;
 }
 
