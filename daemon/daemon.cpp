@@ -11,6 +11,7 @@
 
 #include "perfq/device.h"
 #include "perfq/device_clock.h"
+#include "perfq/pci_scan.h"
 #include "perfq/transport.h"
 
 namespace perfqd {
@@ -77,7 +78,7 @@ json Daemon::handle(const json& req, const Peer& peer,
   const std::string cmd = req.value("cmd", "");
   try {
     if (cmd == "status") return status();
-    if (cmd == "devices") return devices();
+    if (cmd == "devices") return devices(req.value("all", false));
     if (cmd == "start" || cmd == "stop") {
       if (!privileged(peer)) {
         spdlog::warn("refused {} from {}: not root nor in group {}", cmd, peer.describe(),
@@ -272,8 +273,18 @@ json Daemon::status() const {
   return j;
 }
 
-json Daemon::devices() const {
+json Daemon::devices(bool all) const {
   const DaemonConfig c = config();
+  // The PCI bus, read once: every device (the facts of /dev/perfqN come
+  // from here too); the reply lists those bound to perfq, or all of them.
+  auto scan = scan_pci();
+  if (!scan) spdlog::warn("devices: {}", scan.status().message());
+  auto on_bus = [&](const std::string& address) -> const PciDevice* {
+    if (!scan) return nullptr;
+    for (const auto& p : scan->devices)
+      if (p.address == address) return &p;
+    return nullptr;
+  };
   std::vector<std::string> specs = c.devices;
   glob_t g{};
   if (glob("/dev/perfq[0-9]*", 0, nullptr, &g) == 0)
@@ -295,6 +306,17 @@ json Daemon::devices() const {
       const auto& rd = rec->options().devices;
       d["recording"] = std::find(rd.begin(), rd.end(), spec) != rd.end();
     }
+    // A /dev/perfqN is a PCI device (shm: regions are not).
+    if (spec.rfind("/dev/perfq", 0) == 0) {
+      auto address = perfq_device_pci_address(spec);
+      if (!address)
+        d["pci_error"] = address.status().message();
+      else if (const PciDevice* p = on_bus(address.value()))
+        d["pci"] = pci_device_to_json(*p);
+      else
+        d["pci_error"] = "PCI device " + address.value() + " is not on the bus" +
+                         (scan ? "" : " (" + scan.status().message() + ")");
+    }
     auto t = open_transport(spec);
     if (!t) {
       d["state"] = "unavailable";
@@ -314,7 +336,17 @@ json Daemon::devices() const {
     }
     list.push_back(d);
   }
-  return {{"ok", true}, {"devices", list}};
+  json reply = {{"ok", true}, {"devices", list}, {"all", all}};
+  json pci = json::array();
+  if (scan) {
+    for (const auto& p : scan->devices)
+      if (all || p.driver == "perfq") pci.push_back(pci_device_to_json(p));
+    if (!scan->warnings.empty()) reply["pci_warnings"] = scan->warnings;
+  } else {
+    reply["pci_error"] = scan.status().message();
+  }
+  reply["pci_devices"] = std::move(pci);
+  return reply;
 }
 
 void Daemon::collector_sync() {

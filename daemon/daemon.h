@@ -56,7 +56,9 @@ class Daemon {
   nlohmann::json start(const nlohmann::json& req, const Peer& peer);
   nlohmann::json stop(const std::function<void(const nlohmann::json&)>& progress, bool automatic);
   nlohmann::json status() const;
-  nlohmann::json devices() const;
+  // Configured devices and /dev/perfqN (with their PCI facts), and the PCI
+  // devices bound to perfq (every PCI device with `all`).
+  nlohmann::json devices(bool all) const;
   void collector_main();
   // Waits until the collector has finished a pass that began after this
   // call, so every host record stored before it has reached the recording.

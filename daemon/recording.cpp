@@ -12,6 +12,7 @@
 #include "perfq/device_clock.h"
 #include "perfq/drain.h"
 #include "perfq/host_sync.h"
+#include "perfq/pci_scan.h"
 #include "perfq/sync.h"
 #include "perfq/transport.h"
 
@@ -48,6 +49,15 @@ class DeviceRecorder {
     src.name = region.device_name();
     src.clock_hz = region.header().device_clock_hz;
     src.timer_hz = region.header().timer_hz;
+    // Where the device sits on the bus (a /dev/perfqN; shm: has no PCI facts).
+    if (auto pci = pci_device_for_spec(dev_->spec()); !pci) {
+      spdlog::warn("{}: no PCI facts in the trace: {}", dev_->spec(), pci.status().message());
+    } else if (pci.value()) {
+      src.pci = *pci.value();
+      src.pci_address = src.pci->address;
+      if (src.pci->pcie && src.pci->pcie->link_current)
+        src.link = pci_link_name(*src.pci->pcie->link_current);
+    }
     if (auto dict = read_dictionary(region))
       for (const auto& e : *dict) src.events.push_back({e.event, static_cast<uint16_t>(e.kind), e.name});
     return src;

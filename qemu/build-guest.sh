@@ -3,7 +3,8 @@
 #   - perfq.ko against the installed Debian kernel's headers (driver/Makefile)
 #   - perfq-guest, the static helper (qemu/guest/perfq-guest.c)
 #   - an initramfs: busybox-static, the module, the helper, the project's
-#     binaries from BUILD/bin with their shared libraries (found with ldd)
+#     binaries from BUILD/bin with their shared libraries (found with ldd:
+#     libpci.so.3 among them) and pci.ids
 # Usage: qemu/build-guest.sh [BUILD_DIR]     (default: build)
 # Outputs under BUILD_DIR: driver/perfq.ko, qemu/initramfs.cpio, qemu/kernel
 set -euo pipefail
@@ -55,6 +56,12 @@ copy_with_libs() {
 for b in perfq-daemon perfqctl perfq-demo-app; do
   if [ -x "$BUILD/bin/$b" ]; then copy_with_libs "$BUILD/bin/$b"; fi
 done
+# pci.ids: the names `perfqctl devices` and the trace metadata give devices
+# (libpci reads it from here).
+PCI_IDS=/usr/share/misc/pci.ids
+[ -r "$PCI_IDS" ] || { echo "perfq qemu: $PCI_IDS missing (install pci.ids)" >&2; exit 1; }
+mkdir -p "$root/usr/share/misc"
+cp "$PCI_IDS" "$root/usr/share/misc/pci.ids"
 # The dynamic loader at its canonical path.
 mkdir -p "$root/lib64"
 [ -e "$root/lib64/ld-linux-x86-64.so.2" ] || cp -L /lib64/ld-linux-x86-64.so.2 "$root/lib64/"

@@ -227,7 +227,7 @@ class Run:
                 continue
             if line.startswith(("ok:", "FAIL:", "measure:", "PERFQ-", "demo-app:",
                                 "fuzz:", "clock:", "info:", "dmesg: ", "hold:", "daemon:",
-                                "record:", "status:", "note:")) or "perfq" in line.lower():
+                                "record:", "status:", "note:", "devices:")) or "perfq" in line.lower():
                 log(f"  guest| {line}")
             if line.startswith("PERFQ-BOOTED"):
                 log(f"  guest booted to init in {time.monotonic() - self.t0:.1f} s")
@@ -342,6 +342,64 @@ class Run:
                    f"drift {sync.get('drift_ppm')} ppm")
 
 
+    def check_pci(self, files, report):
+        """perfqctl devices in the guest, and the trace's metadata, know the
+        ivshmem device (1af4:1110) at 0000:01:00.0, bound to perfq."""
+        address = "0000:01:00.0"
+
+        def load(name):
+            if not self.check(name in files, f"{name} came back over ttyS1"):
+                return None
+            with open(files[name]) as f:
+                try:
+                    return json.loads(f.read().strip().splitlines()[-1])
+                except (json.JSONDecodeError, IndexError) as e:
+                    self.check(False, f"{name} is JSON ({e})")
+                    return None
+
+        def is_ivshmem(p, where):
+            ok = (p.get("address") == address and p.get("vendor_id") == "1af4"
+                  and p.get("device_id") == "1110" and p.get("driver") == "perfq"
+                  and p.get("vendor_name") == "Red Hat, Inc."
+                  and p.get("device_name") == "Inter-VM shared memory")
+            self.check(ok, f"{where}: {p.get('address')} {p.get('vendor_id')}:"
+                           f"{p.get('device_id')} {p.get('vendor_name')} "
+                           f"{p.get('device_name')}, driver {p.get('driver')}")
+            # ivshmem is a conventional PCI device (behind a PCIe root port):
+            # no PCIe capability, so no link figures at all (null, not 0).
+            self.check("pcie" in p and p["pcie"] is None,
+                       f"{where}: no PCIe capability, pcie is null ({json.dumps(p.get('pcie'))})")
+            self.check(p.get("config_readable") is True and "error" not in p,
+                       f"{where}: its config space was read ({p.get('error', 'no error')})")
+
+        dev = load("devices.json")
+        if dev:
+            bound = dev.get("pci_devices", [])
+            self.check(dev.get("ok") and len(bound) == 1,
+                       f"devices: exactly one PCI device bound to perfq ({len(bound)})")
+            if bound:
+                is_ivshmem(bound[0], "devices: the PCI device bound to perfq")
+            perfq0 = [d for d in dev.get("devices", []) if d.get("device") == "/dev/perfq0"]
+            if self.check(perfq0 and "pci" in perfq0[0],
+                          f"devices: /dev/perfq0 carries its PCI facts "
+                          f"({perfq0[0].get('pci_error') if perfq0 else 'not listed'})"):
+                is_ivshmem(perfq0[0]["pci"], "devices: /dev/perfq0")
+        alls = load("devices-all.json")
+        if alls:
+            devs = {p["address"]: p for p in alls.get("pci_devices", [])}
+            self.check(alls.get("ok") and address in devs and len(devs) > 1,
+                       f"devices --all: {len(devs)} PCI devices, ivshmem among them")
+            ports = [p for p in devs.values() if (p.get("pcie") or {}).get("port_type") == "root port"]
+            self.check(ports and ports[0]["pcie"].get("link_max"),
+                       f"devices --all: the root port has a PCIe link "
+                       f"({json.dumps(ports[0]['pcie']) if ports else 'none found'})")
+        srcs = [s for s in report.get("sources", []) if s.get("kind") == "device"]
+        if self.check(srcs and "pci" in srcs[0], "the trace's metadata has the device's PCI facts"):
+            is_ivshmem(srcs[0]["pci"], "trace metadata")
+            self.check(srcs[0].get("pci_address") == address,
+                       f"trace metadata: pci_address {srcs[0].get('pci_address')}")
+
+
 def run_scenario(args, name):
     run = Run(args, name)
     log(f"--- scenario {name}")
@@ -377,6 +435,7 @@ def run_scenario(args, name):
                 rep = run.check_trace(files["t.trace"], name == "e2e")
                 if rep and name == "e2e":
                     run.check_e2e(rep, demo)
+                    run.check_pci(files, rep)
                 elif rep:
                     run.check(rep["records"]["device"] > 0,
                               f"the trace holds the records from before the unplug "

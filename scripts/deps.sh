@@ -24,6 +24,10 @@ PACKAGES=(
   lttng-tools
   libspdlog-dev
   libsystemd-dev
+  # PCI facts (perfqctl devices, trace metadata): libpci and the names it
+  # looks up; the QEMU guest gets a copy of pci.ids too.
+  libpci-dev
+  pci.ids
   # The driver and its QEMU scenarios: the guest kernel, its headers, the
   # emulator and what the initramfs is built from.
   linux-image-amd64

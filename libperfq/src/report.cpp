@@ -572,11 +572,13 @@ std::string report_to_json(const TraceReport& r) {
                {"perfq_version", r.metadata.perfq_version}};
   ordered_json sources = ordered_json::array();
   for (const auto& s : r.metadata.sources) {
-    sources.push_back({{"id", s.id},
-                       {"kind", s.kind == TraceSourceKind::kDevice ? "device" : "host"},
-                       {"name", s.name},
-                       {"pci_address", s.pci_address},
-                       {"link", s.link}});
+    ordered_json src = {{"id", s.id},
+                        {"kind", s.kind == TraceSourceKind::kDevice ? "device" : "host"},
+                        {"name", s.name},
+                        {"pci_address", s.pci_address},
+                        {"link", s.link}};
+    if (s.pci) src["pci"] = ordered_json::parse(pci_device_to_json(*s.pci).dump());
+    sources.push_back(src);
   }
   j["sources"] = sources;
   j["first_ns"] = r.first_ns;
@@ -688,6 +690,21 @@ std::string report_to_text(const TraceReport& r) {
                      r.stopped_early, r.chunks));
   } else if (!r.clean_end) {
     line("note: no end chunk (the writer did not close the file); all chunks are complete");
+  }
+  bool pci_header = false;
+  for (const auto& s : r.metadata.sources) {
+    if (!s.pci) continue;
+    if (!pci_header) line("pci");
+    pci_header = true;
+    const PciDevice& d = *s.pci;
+    std::string where = fmt::format("  {:<24} {}  {} [{}]", s.name, d.address, d.display_name(),
+                                    d.ids_text());
+    if (d.driver) where += "  driver " + *d.driver;
+    if (d.numa_node) where += fmt::format("  numa node {}", *d.numa_node);
+    if (d.iommu_group) where += fmt::format("  iommu group {}", *d.iommu_group);
+    line(where);
+    line("    " + pci_link_summary(d));
+    if (const std::string p = pci_payload_summary(d); !p.empty()) line("    " + p);
   }
   line(fmt::format("duration      {}", ns_text(r.duration_ns)));
   line(fmt::format("records       host {}  device {}", r.records_host, r.records_device));

@@ -111,6 +111,9 @@ std::string trace_metadata_to_json(const TraceMetadata& m) {
     js["link"] = s.link;
     js["clock_hz"] = s.clock_hz;
     js["timer_hz"] = s.timer_hz;
+    // Added after version 1's first release: readers that do not know it
+    // ignore it, and its absence means "no PCI facts".
+    if (s.pci) js["pci"] = pci_device_to_json(*s.pci);
     json events = json::array();
     for (const auto& e : s.events) events.push_back({{"event", e.event}, {"kind", e.kind}, {"name", e.name}});
     js["events"] = std::move(events);
@@ -149,6 +152,12 @@ Result<TraceMetadata> trace_metadata_from_json(const std::string& text) {
         s.link = js.value("link", "");
         s.clock_hz = js.value("clock_hz", uint64_t{0});
         s.timer_hz = js.value("timer_hz", uint64_t{0});
+        if (js.contains("pci") && !js["pci"].is_null()) {
+          auto pci = pci_device_from_json(js["pci"]);
+          if (!pci) return Status(Errc::kCorrupt, "metadata: source " + std::to_string(s.id) + ": " +
+                                                      pci.status().message());
+          s.pci = std::move(pci.value());
+        }
         if (js.contains("events")) {
           for (const auto& je : js.at("events")) {
             s.events.push_back({je.at("event").get<uint32_t>(), je.at("kind").get<uint16_t>(),

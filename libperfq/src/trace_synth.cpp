@@ -30,6 +30,13 @@ Result<uint64_t> write_synthetic_trace(const std::string& path, const SynthTrace
   dev.name = "synth-dev";
   dev.pci_address = "0000:03:00.0";
   dev.link = "Gen4 x8";
+  if (o.device_pci) {
+    dev.pci = o.device_pci;
+    dev.pci_address = o.device_pci->address;
+    dev.link = o.device_pci->pcie && o.device_pci->pcie->link_current
+                   ? pci_link_name(*o.device_pci->pcie->link_current)
+                   : "";
+  }
   dev.clock_hz = 1'000'000'000;
   dev.events = {{1, PERFQ_KIND_BEGIN, "job_start"},
                 {2, PERFQ_KIND_END, "job_end"},

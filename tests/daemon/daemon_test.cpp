@@ -13,9 +13,11 @@
 #include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <regex>
 #include <set>
 #include <thread>
 
+#include "perfq/pci.h"
 #include "perfq/trace.h"
 #include "test_util.h"
 
@@ -518,6 +520,77 @@ TEST_CASE("daemon: clear errors for a second start, a stop with nothing running,
   REQUIRE(none.wait(std::chrono::seconds(10)));
   CHECK(none.exit_code() == 1);
   CHECK(none.err().find("is it running") != std::string::npos);
+}
+
+TEST_CASE("daemon: devices --all lists this machine's PCI bus, devices only perfq's",
+          "[daemon][process][pci]") {
+  TempDir dir("daemon-pci");
+  // A configured shm: device: not a PCI device, so no PCI facts.
+  Daemon d(dir, {"--device", "shm:/dev/shm/perfq-pci-test-none"});
+  std::set<std::string> on_bus;
+  if (access("/sys/bus/pci/devices", R_OK) == 0)
+    for (const auto& e : std::filesystem::directory_iterator("/sys/bus/pci/devices"))
+      on_bus.insert(e.path().filename().string());
+
+  auto all = ctl(d, {"devices", "--all", "--json"});
+  INFO("devices --all: " << all->out() << all->err());
+  REQUIRE(all->exit_code() == 0);
+  const json j = json::parse(all->out());
+  CHECK(j["ok"] == true);
+  CHECK(j["all"] == true);
+  REQUIRE(j["devices"].size() == 1);
+  CHECK(j["devices"][0]["device"] == "shm:/dev/shm/perfq-pci-test-none");
+  CHECK_FALSE(j["devices"][0].contains("pci"));
+  CHECK(j["devices"][0]["state"] == "unavailable");  // existing fields stay
+  REQUIRE(j["pci_devices"].is_array());
+  std::set<std::string> listed;
+  for (const auto& p : j["pci_devices"]) {
+    INFO(p.dump());
+    REQUIRE(p["address"].is_string());
+    const std::string a = p["address"];
+    listed.insert(a);
+    CHECK(std::regex_match(a, std::regex("[0-9a-f]{4,}:[0-9a-f]{2}:[0-9a-f]{2}\\.[0-7]")));
+    CHECK(std::regex_match(p["vendor_id"].get<std::string>(), std::regex("[0-9a-f]{4}")));
+    CHECK(std::regex_match(p["device_id"].get<std::string>(), std::regex("[0-9a-f]{4}")));
+    CHECK((p["driver"].is_null() || p["driver"].is_string()));
+    CHECK((p["numa_node"].is_null() || p["numa_node"].is_number_integer()));
+    CHECK((p["iommu_group"].is_null() || p["iommu_group"].is_number_integer()));
+    CHECK(p["config_readable"].is_boolean());
+    CHECK((p["pcie"].is_null() || p["pcie"].is_object()));
+    if (p["pcie"].is_object())
+      for (const char* l : {"link_max", "link_current"})
+        if (!p["pcie"][l].is_null()) {
+          CHECK(p["pcie"][l]["width"].get<int>() > 0);
+          CHECK(p["pcie"][l]["ceiling_bytes_per_s"].get<double>() > 0);
+        }
+    CHECK(pci_device_from_json(p).is_ok());
+  }
+  CHECK(listed == on_bus);
+
+  // Without --all: only the devices bound to perfq (none here, unless one is).
+  auto bound = ctl(d, {"devices", "--json"});
+  REQUIRE(bound->exit_code() == 0);
+  const json b = json::parse(bound->out());
+  CHECK(b["all"] == false);
+  for (const auto& p : b["pci_devices"]) CHECK(p["driver"] == "perfq");
+  // The raw request, as documented.
+  Conn c(d.socket);
+  REQUIRE(c.ok());
+  REQUIRE(c.send_raw("{\"cmd\":\"devices\",\"all\":true}\n"));
+  const json raw = json::parse(c.line());
+  CHECK(raw["pci_devices"].size() == j["pci_devices"].size());
+  REQUIRE(c.send_raw("{\"cmd\":\"devices\",\"all\":\"yes\"}\n"));
+  CHECK(json::parse(c.line())["ok"] == false);
+
+  // The table, for people.
+  auto text = ctl(d, {"devices", "--all"});
+  INFO(text->out() << text->err());
+  CHECK(text->exit_code() == 0);
+  CHECK(text->out().find("shm:/dev/shm/perfq-pci-test-none  unavailable") != std::string::npos);
+  if (!on_bus.empty()) {
+    CHECK(text->out().find("ADDRESS") != std::string::npos);
+    for (const auto& a : on_bus) CHECK(text->out().find(a) != std::string::npos);
+  }
 }
 
 TEST_CASE("daemon: a recording with a duration ends by itself, and perfqctl start waits for it",

@@ -162,6 +162,76 @@ TEST_CASE("report: figures of a trace with known timings", "[report]") {
   }
 }
 
+TEST_CASE("report: each device's PCI facts and the ceiling of its link", "[report][pci]") {
+  TempDir dir("reportpci");
+  const std::string path = dir.file("pci.pq");
+  SynthTraceOptions o;
+  o.jobs = 10;
+  PciDevice d;
+  d.address = "0000:03:00.0";
+  d.bus = 3;
+  d.vendor_id = 0x144d;
+  d.device_id = 0xa80a;
+  d.vendor_name = "Samsung Electronics Co Ltd";
+  d.device_name = "NVMe SSD Controller PM9A1/PM9A3/980PRO";
+  d.driver = "perfq";
+  d.numa_node = 0;
+  d.config_readable = true;
+  PcieInfo p;
+  p.link_max = PciLink{16000, 4};
+  p.link_current = PciLink{8000, 4};
+  p.max_payload = 256;
+  p.max_payload_supported = 512;
+  p.max_read_request = 512;
+  d.pcie = p;
+
+  SECTION("trained below its capability") {
+    o.device_pci = d;
+    REQUIRE(write_synthetic_trace(path, o).is_ok());
+    auto r = analyze_trace(path);
+    REQUIRE(r.is_ok());
+    const std::string t = report_to_text(r.value());
+    CHECK_THAT(t, Catch::Contains("synth-dev                0000:03:00.0  Samsung Electronics Co Ltd "
+                                  "NVMe SSD Controller PM9A1/PM9A3/980PRO [144d:a80a]  driver perfq  "
+                                  "numa node 0"));
+    CHECK_THAT(t, Catch::Contains("link Gen3 x4 (8 GT/s, 3.94 GB/s) of max Gen4 x4 (16 GT/s, "
+                                  "7.88 GB/s): trained below its capability"));
+    CHECK_THAT(t, Catch::Contains("max payload 256 B (supports 512 B), max read request 512 B"));
+    auto j = nlohmann::json::parse(report_to_json(r.value()));
+    const auto& src = j["sources"][1];
+    CHECK(src["pci_address"] == "0000:03:00.0");
+    CHECK(src["link"] == "Gen3 x4");
+    CHECK(src["pci"]["pcie"]["link_current"]["ceiling_bytes_per_s"].get<double>() ==
+          Approx(3.938461538e9));
+    CHECK(src["pci"]["pcie"]["link_max"]["ceiling_bytes_per_s"].get<double>() ==
+          Approx(7.876923077e9));
+    CHECK(src["pci"]["pcie"]["trained_below_max"] == true);
+    CHECK_FALSE(j["sources"][0].contains("pci"));
+  }
+  SECTION("at its maximum") {
+    d.pcie->link_current = d.pcie->link_max;
+    o.device_pci = d;
+    REQUIRE(write_synthetic_trace(path, o).is_ok());
+    const std::string t = report_to_text(analyze_trace(path).value());
+    CHECK_THAT(t, Catch::Contains("link Gen4 x4 (16 GT/s, 7.88 GB/s), its maximum"));
+    CHECK_THAT(t, !Catch::Contains("trained below"));
+  }
+  SECTION("conventional PCI") {
+    d.pcie.reset();
+    o.device_pci = d;
+    REQUIRE(write_synthetic_trace(path, o).is_ok());
+    const std::string t = report_to_text(analyze_trace(path).value());
+    CHECK_THAT(t, Catch::Contains("no PCIe capability (conventional PCI): no link figures"));
+    auto j = nlohmann::json::parse(report_to_json(analyze_trace(path).value()));
+    CHECK(j["sources"][1]["pci"]["pcie"].is_null());
+  }
+  SECTION("no PCI facts: no pci section") {
+    REQUIRE(write_synthetic_trace(path, o).is_ok());
+    const std::string t = report_to_text(analyze_trace(path).value());
+    CHECK_THAT(t, !Catch::Contains("\npci\n"));
+  }
+}
+
 TEST_CASE("report: --resync replaces a wrong online model with the offline fit", "[report]") {
   TempDir dir("report");
   const std::string path = dir.file("resync.pq");

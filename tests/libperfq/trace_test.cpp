@@ -16,6 +16,8 @@
 #include <iterator>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "perfq/crc32c.h"
 #include "perfq/sync.h"
 #include "perfq/trace.h"
@@ -322,6 +324,93 @@ TEST_CASE("trace: later metadata adds sources, and open refuses what is not a tr
     REQUIRE(!bad.is_ok());
     CHECK(bad.status().code() == Errc::kNotFound);
     CHECK_THAT(bad.status().message(), Catch::Contains("nope.pq"));
+  }
+}
+
+// A device on the bus: Gen5 capable, trained at Gen4 x16, bound to perfq.
+PciDevice sample_pci() {
+  PciDevice d;
+  d.address = "0000:03:00.0";
+  d.bus = 3;
+  d.vendor_id = 0x10de;
+  d.device_id = 0x2330;
+  d.device_class = 0x0302;
+  d.subsystem_vendor_id = 0x10de;
+  d.subsystem_id = 0x16c1;
+  d.vendor_name = "NVIDIA Corporation";
+  d.device_name = "GH100[H100 SXM5 80GB]";
+  d.class_name = "3D controller";
+  d.driver = "perfq";
+  d.numa_node = 1;
+  d.iommu_group = 12;
+  d.config_readable = true;
+  PcieInfo p;
+  p.version = 2;
+  p.link_max = PciLink{32000, 16};
+  p.link_current = PciLink{16000, 16};
+  p.max_payload_supported = 512;
+  p.max_payload = 256;
+  p.max_read_request = 512;
+  d.pcie = p;
+  return d;
+}
+
+TEST_CASE("trace: a device's PCI facts in the metadata, and traces without them", "[trace][pci]") {
+  TraceMetadata m = test_metadata();
+  m.sources[1].pci = sample_pci();
+  TraceSource conventional;  // a device with no PCIe capability
+  conventional.id = 8;
+  conventional.kind = TraceSourceKind::kDevice;
+  conventional.name = "ivshmem";
+  conventional.pci = sample_pci();
+  conventional.pci->pcie.reset();
+  m.sources.push_back(conventional);
+
+  const std::string text = trace_metadata_to_json(m);
+  auto back = trace_metadata_from_json(text);
+  REQUIRE(back.is_ok());
+  CHECK(back.value() == m);
+  auto j = nlohmann::json::parse(text);
+  CHECK(j["sources"][0].contains("pci") == false);  // a host application
+  CHECK(j["sources"][1]["pci"]["pcie"]["link_current"]["speed_gt_s"] == 16.0);
+  CHECK(j["sources"][1]["pci"]["pcie"]["trained_below_max"] == true);
+  CHECK(j["sources"][2]["pci"]["pcie"].is_null());
+
+  SECTION("metadata written before PCI facts existed reads as before") {
+    for (auto& js : j["sources"]) js.erase("pci");
+    auto old = trace_metadata_from_json(j.dump());
+    REQUIRE(old.is_ok());
+    CHECK_FALSE(old->sources[1].pci);
+    CHECK(old->sources[1].pci_address == "0000:03:00.0");
+    CHECK(old->sources[1].link == "Gen4 x8");
+    // The example of docs/trace-format.md, as version 1 first wrote it.
+    auto doc = trace_metadata_from_json(
+        R"({"host_name": "h", "kernel": "Linux 6.1.0 x86_64", "cpu": "c", "perfq_version": "0.1.0",
+            "options": {}, "sources": [{"id": 1, "kind": "device", "name": "accel0", "pid": 0,
+            "pci_address": "0000:03:00.0", "link": "Gen4 x8", "clock_hz": 250000000,
+            "events": []}], "clock_domains": []})");
+    REQUIRE(doc.is_ok());
+    CHECK_FALSE(doc->sources[0].pci);
+  }
+  SECTION("a malformed pci object is an error naming the source") {
+    j["sources"][1]["pci"]["vendor_id"] = 4318;
+    auto bad = trace_metadata_from_json(j.dump());
+    REQUIRE_FALSE(bad.is_ok());
+    CHECK_THAT(bad.status().message(), Catch::Contains("source 7") && Catch::Contains("vendor_id"));
+  }
+  SECTION("through a trace file") {
+    TempDir dir("tracepci");
+    const std::string path = dir.file("pci.pq");
+    {
+      auto w = TraceWriter::open(path, m);
+      REQUIRE(w.is_ok());
+      REQUIRE(w->close().is_ok());
+    }
+    auto r = TraceReader::open(path);
+    REQUIRE(r.is_ok());
+    Checker c;
+    REQUIRE(r->read(c).is_ok());
+    CHECK(c.metadata == m);
   }
 }
 

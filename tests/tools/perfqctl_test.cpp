@@ -104,6 +104,48 @@ TEST_CASE("perfqctl export writes every format", "[perfqctl][export]") {
   CHECK(std::filesystem::exists(dir.file("out.ctf/metadata")));
 }
 
+TEST_CASE("perfqctl devices --pci-dump: the table of an lspci -xxx dump, no daemon", "[perfqctl][pci]") {
+  TempDir dir("ctl");
+  const std::string dump = std::string(PERFQ_TEST_FIXTURES_DIR) + "/pci-dump.txt";
+  Run r = perfqctl(dir, "devices --pci-dump " + dump);
+  INFO(r.err);
+  REQUIRE(r.rc == 0);
+  CHECK(r.err.empty());
+  CHECK_THAT(r.out, Catch::Contains("ADDRESS") && Catch::Contains("MAX LINK"));
+  // A row per device: address, IDs, links now and max, ceiling, sizes, name.
+  CHECK_THAT(r.out, Catch::Matches(
+      "[\\s\\S]*0000:06:00\\.0 +144d:a80a +- +- +- +Gen3 x4 +Gen4 x4 +3\\.94 +256/256 +512 +"
+      "Samsung Electronics Co Ltd NVMe SSD Controller PM9A1/PM9A3/980PRO\n[\\s\\S]*"));
+  CHECK_THAT(r.out, Catch::Matches(
+      "[\\s\\S]*0000:05:00\\.0 +10de:2330 .* Gen5 x16 +Gen5 x16 +63\\.02 [\\s\\S]*"));
+  CHECK_THAT(r.out, Catch::Matches("[\\s\\S]*0000:08:00\\.0 +1af4:1110 +- +- +- +PCI +- +- [\\s\\S]*"));
+  CHECK_THAT(r.out, Catch::Matches("[\\s\\S]*0001:0a:00\\.0 +7fff:0001 .* down +Gen3 x4 [\\s\\S]*"));
+  CHECK_THAT(r.out, Catch::Matches("[\\s\\S]*0000:0b:00\\.0 +8086:0b60 .* unknown [\\s\\S]*"));
+  // The two links trained below their capability get a note each.
+  CHECK_THAT(r.out, Catch::Contains("note: 0000:06:00.0 link Gen3 x4 (8 GT/s, 3.94 GB/s) of max "
+                                    "Gen4 x4 (16 GT/s, 7.88 GB/s): trained below its capability"));
+  CHECK_THAT(r.out, Catch::Contains("note: 0000:07:00.0 link Gen4 x8 (16 GT/s, 15.75 GB/s) of max "
+                                    "Gen4 x16 (16 GT/s, 31.51 GB/s): trained below its capability"));
+  CHECK(count_lines(r.out) == 1 + 1 + 13 + 2);
+
+  Run j = perfqctl(dir, "devices --pci-dump " + dump + " --json");
+  REQUIRE(j.rc == 0);
+  auto doc = nlohmann::json::parse(j.out);
+  CHECK(doc["ok"] == true);
+  REQUIRE(doc["pci_devices"].size() == 13);
+  CHECK(doc["pci_devices"][0]["address"] == "0000:00:03.0");
+
+  Run missing = perfqctl(dir, "devices --pci-dump " + dir.file("nope.txt"));
+  CHECK(missing.rc == 1);
+  CHECK(count_lines(missing.err) == 1);
+  CHECK_THAT(missing.err, Catch::Contains(dir.file("nope.txt")));
+  std::ofstream(dir.file("bad.txt")) << "00:01.0 x\n00: 86 80 zz\n";
+  Run bad = perfqctl(dir, "devices --pci-dump " + dir.file("bad.txt"));
+  CHECK(bad.rc == 1);
+  CHECK(count_lines(bad.err) == 1);
+  CHECK_THAT(bad.err, Catch::Contains(dir.file("bad.txt")) && Catch::Contains("Malformed"));
+}
+
 TEST_CASE("perfqctl: usage errors exit 2, failures exit 1 with one line", "[perfqctl]") {
   TempDir dir("ctl");
   const std::string trace = make_trace(dir);

@@ -19,6 +19,8 @@
 #include <thread>
 
 #include "commands.h"
+#include "perfq/pci.h"
+#include "perfq/pci_scan.h"
 
 namespace perfqctl {
 namespace {
@@ -117,6 +119,12 @@ std::string human_bytes(double b) {
   }
   char s[32];
   std::snprintf(s, sizeof(s), u ? "%.1f %s" : "%.0f %s", b, units[u]);
+  return s;
+}
+
+std::string fmt_gbs(double bytes_per_s) {
+  char s[32];
+  std::snprintf(s, sizeof(s), "%.2f", bytes_per_s / 1e9);
   return s;
 }
 
@@ -307,10 +315,83 @@ int run_status(const Common& o) {
   return kExitOk;
 }
 
-int run_devices(const Common& o) {
+struct DevicesOptions {
+  bool all = false;
+  std::string pci_dump;  // read an lspci -xxx dump here instead of asking the daemon
+};
+
+std::string dash(const std::optional<int>& v) { return v ? std::to_string(*v) : "-"; }
+
+// The PCI devices as a table, then a note for each link trained below its
+// capability.
+void print_pci_table(const std::vector<perfq::PciDevice>& devs) {
+  std::printf("%-13s %-9s %-12s %4s %5s  %-9s %-9s %7s %9s %5s  %s\n", "ADDRESS", "IDS", "DRIVER",
+              "NUMA", "IOMMU", "LINK", "MAX LINK", "GB/s", "MPS", "MRRS", "NAME");
+  for (const auto& d : devs) {
+    std::string now = "-", max = "-", gbs = "-", mps = "-", mrrs = "-";
+    if (!d.config_readable) {
+      now = "unknown";
+    } else if (!d.pcie) {
+      now = "PCI";  // conventional: no PCIe capability
+    } else {
+      const auto& p = *d.pcie;
+      if (!p.link_max && !p.link_current) now = "none";
+      else if (!p.link_current) now = "down";
+      if (p.link_current) {
+        now = perfq::pci_link_name(*p.link_current);
+        gbs = fmt_gbs(p.link_current->ceiling_bytes_per_s());
+      }
+      if (p.link_max) max = perfq::pci_link_name(*p.link_max);
+      if (p.max_payload) mps = std::to_string(*p.max_payload);
+      if (p.max_payload_supported) mps += "/" + std::to_string(*p.max_payload_supported);
+      if (p.max_read_request) mrrs = std::to_string(*p.max_read_request);
+    }
+    std::printf("%-13s %-9s %-12s %4s %5s  %-9s %-9s %7s %9s %5s  %s%s\n", d.address.c_str(),
+                d.ids_text().c_str(), d.driver.value_or("-").c_str(), dash(d.numa_node).c_str(),
+                dash(d.iommu_group).c_str(), now.c_str(), max.c_str(), gbs.c_str(), mps.c_str(),
+                mrrs.c_str(), d.display_name().c_str(), d.error.empty() ? "" : " (incomplete)");
+  }
+  for (const auto& d : devs) {
+    if (d.pcie && d.pcie->trained_below_max())
+      std::printf("note: %s %s\n", d.address.c_str(), perfq::pci_link_summary(d).c_str());
+    if (!d.error.empty()) std::printf("note: %s: %s\n", d.address.c_str(), d.error.c_str());
+  }
+}
+
+int print_pci(const std::vector<perfq::PciDevice>& devs, bool all) {
+  if (devs.empty()) {
+    std::printf(all ? "no PCI devices\n"
+                    : "no PCI device is bound to perfq (`perfqctl devices --all` lists every PCI "
+                      "device)\n");
+    return kExitOk;
+  }
+  std::printf("%s\n", all ? "PCI devices:" : "PCI devices bound to perfq:");
+  print_pci_table(devs);
+  return kExitOk;
+}
+
+// Offline: the devices of an `lspci -xxx` dump, no daemon needed.
+int run_devices_dump(const Common& o, const DevicesOptions& opt) {
+  perfq::PciScanOptions so;
+  so.dump_file = opt.pci_dump;
+  auto scan = perfq::scan_pci(so);
+  if (!scan) return fail("devices", scan.status().message());
+  for (const auto& w : scan->warnings) std::fprintf(stderr, "perfqctl devices: %s\n", w.c_str());
+  if (o.json_out) {
+    json list = json::array();
+    for (const auto& d : scan->devices) list.push_back(perfq::pci_device_to_json(d));
+    std::printf("%s\n", json{{"ok", true}, {"pci_dump", opt.pci_dump}, {"pci_devices", list}}
+                             .dump().c_str());
+    return kExitOk;
+  }
+  return print_pci(scan->devices, true);
+}
+
+int run_devices(const Common& o, const DevicesOptions& opt) {
+  if (!opt.pci_dump.empty()) return run_devices_dump(o, opt);
   Client c;
   if (auto e = c.connect(o.socket); !e.empty()) return fail("devices", e);
-  json r = c.request({{"cmd", "devices"}});
+  json r = c.request({{"cmd", "devices"}, {"all", opt.all}});
   if (!r.value("ok", false)) return fail("devices", r.value("error", "failed"));
   if (o.json_out) {
     std::printf("%s\n", r.dump().c_str());
@@ -322,18 +403,41 @@ int run_devices(const Common& o) {
     if (d.value("state", "") == "unavailable") {
       std::printf("%s  unavailable: %s\n", d.value("device", "?").c_str(),
                   d.value("error", "").c_str());
-      continue;
+    } else {
+      std::printf("%s  \"%s\" %s, ring %llu records, clock %llu Hz, timer %llu Hz%s%s\n",
+                  d.value("device", "?").c_str(), d.value("name", "").c_str(),
+                  d.value("state", "?").c_str(),
+                  static_cast<unsigned long long>(u64(d, "ring_capacity")),
+                  static_cast<unsigned long long>(u64(d, "clock_hz")),
+                  static_cast<unsigned long long>(u64(d, "timer_hz")),
+                  d.value("configured", false) ? ", configured" : "",
+                  d.value("recording", false) ? ", recording" : "");
     }
-    std::printf("%s  \"%s\" %s, ring %llu records, clock %llu Hz, timer %llu Hz%s%s\n",
-                d.value("device", "?").c_str(), d.value("name", "").c_str(),
-                d.value("state", "?").c_str(),
-                static_cast<unsigned long long>(u64(d, "ring_capacity")),
-                static_cast<unsigned long long>(u64(d, "clock_hz")),
-                static_cast<unsigned long long>(u64(d, "timer_hz")),
-                d.value("configured", false) ? ", configured" : "",
-                d.value("recording", false) ? ", recording" : "");
+    if (d.contains("pci")) {
+      auto p = perfq::pci_device_from_json(d["pci"]);
+      if (p)
+        std::printf("    pci %s  %s [%s]  %s\n", p->address.c_str(), p->display_name().c_str(),
+                    p->ids_text().c_str(), perfq::pci_link_summary(p.value()).c_str());
+    } else if (d.contains("pci_error")) {
+      std::printf("    pci: %s\n", d["pci_error"].get<std::string>().c_str());
+    }
   }
-  return kExitOk;
+  std::printf("\n");
+  if (r.contains("pci_error")) {
+    std::fprintf(stderr, "perfqctl devices: the daemon cannot read the PCI bus: %s\n",
+                 r["pci_error"].get<std::string>().c_str());
+    return kExitOk;
+  }
+  if (r.contains("pci_warnings"))
+    for (const auto& w : r["pci_warnings"])
+      std::fprintf(stderr, "perfqctl devices: %s\n", w.get<std::string>().c_str());
+  std::vector<perfq::PciDevice> devs;
+  for (const auto& j : r.value("pci_devices", json::array())) {
+    auto p = perfq::pci_device_from_json(j);
+    if (!p) return fail("devices", "the daemon's reply: " + p.status().message());
+    devs.push_back(std::move(p.value()));
+  }
+  return print_pci(devs, opt.all);
 }
 
 void add_socket_option(CLI::App* cmd, Common& o) {
@@ -387,11 +491,20 @@ void add_control_commands(CLI::App& app, int& exit_code) {
   add_socket_option(status, *o);
   status->callback([o, &exit_code] { exit_code = run_status(*o); });
 
+  auto dv = std::make_shared<DevicesOptions>();
   CLI::App* devices = app.add_subcommand(
-      "devices", "List the daemon's configured devices and the /dev/perfqN present, with state");
+      "devices",
+      "List the daemon's configured devices and the /dev/perfqN present, with state, and the "
+      "PCI devices bound to perfq: address, IDs and names (pci.ids), driver, NUMA node, IOMMU "
+      "group, current and maximum PCIe link with its bandwidth ceiling, max payload and read "
+      "request sizes");
+  devices->add_flag("--all", dv->all, "List every PCI device, not only those bound to perfq");
+  devices->add_option("--pci-dump", dv->pci_dump,
+                      "Read the PCI devices from this `lspci -xxx` output instead of asking "
+                      "the daemon (no daemon needed)");
   devices->add_flag("--json", o->json_out, "Print JSON");
   add_socket_option(devices, *o);
-  devices->callback([o, &exit_code] { exit_code = run_devices(*o); });
+  devices->callback([o, dv, &exit_code] { exit_code = run_devices(*o, *dv); });
 }
 
 }  // namespace perfqctl

@@ -16,6 +16,7 @@
 #include "perfq/device_clock.h"
 #include "perfq/drain.h"
 #include "perfq/host_sync.h"
+#include "perfq/pci_scan.h"
 #include "perfq/trace.h"
 #include "perfq/transport.h"
 
@@ -76,6 +77,15 @@ int run_record(const RecordOptions& o) {
   src.name = region.device_name();
   src.clock_hz = region.header().device_clock_hz;
   src.timer_hz = region.header().timer_hz;
+  if (auto pci = pci_device_for_spec(o.device); !pci) {
+    std::fprintf(stderr, "perfqctl record: %s: no PCI facts in the trace: %s\n", o.device.c_str(),
+                 pci.status().message().c_str());
+  } else if (pci.value()) {
+    src.pci = *pci.value();
+    src.pci_address = src.pci->address;
+    if (src.pci->pcie && src.pci->pcie->link_current)
+      src.link = pci_link_name(*src.pci->pcie->link_current);
+  }
   auto dict = read_dictionary(region);
   if (!dict) return fail(o.device + ": " + dict.status().message());
   for (const auto& e : *dict)

@@ -21,10 +21,12 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
 
+#include "perfq/pci.h"
 #include "perfq/perfq_abi.h"
 #include "perfq/status.h"
 
@@ -75,7 +77,8 @@ struct TraceSource {
   std::string name;          // application name or device name
   uint32_t pid = 0;          // host application: its pid (0 if unknown)
   std::string pci_address;   // device: "0000:03:00.0" when known
-  std::string link;          // device: "Gen4 x8" when known
+  std::string link;          // device: "Gen4 x8" when known (the current link)
+  std::optional<PciDevice> pci;  // device: its PCI facts when it is on a PCI bus
   uint64_t clock_hz = 0;     // device: nominal rate of its clock D
   uint64_t timer_hz = 0;     // device: nominal rate of its timer register R (0: unknown)
   std::vector<TraceEventInfo> events;  // the source's event dictionary

@@ -12,6 +12,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -39,6 +40,9 @@ struct SynthTraceOptions {
   uint64_t lost_record_count = 0;
   uint64_t loss_chunk_count = 0;
   bool work_pairs = true;  // a host work begin/end (duration 500 ns) per job
+  // The device's PCI facts in the metadata (its pci_address and link follow
+  // them); none by default.
+  std::optional<PciDevice> device_pci;
 };
 
 // Writes the trace; returns the records written.

@@ -11,6 +11,20 @@ if [ -x /bin/perfq-daemon ]; then
   perfq-daemon --device /dev/perfq0 --socket $SOCK --log-level info >/tmp/daemon.log 2>&1 &
   daemon=$!
   check "perfq-daemon listens" wait_for 10 test -S $SOCK
+  # PCI facts: /dev/perfq0 is QEMU's ivshmem (1af4:1110) behind the root
+  # port, bus 1.  The host checks the JSON field by field (devices*.json).
+  perfqctl --socket $SOCK devices --json >/tmp/devices.json 2>/tmp/devices.err
+  check "perfqctl devices --json" test -s /tmp/devices.json
+  perfqctl --socket $SOCK devices --all --json >/tmp/devices-all.json 2>>/tmp/devices.err
+  check "perfqctl devices --all --json" test -s /tmp/devices-all.json
+  perfqctl --socket $SOCK devices --all 2>&1 | sed 's/^/devices: /'
+  sed 's/^/devices: /' /tmp/devices.err
+  for f in '"address":"0000:01:00.0"' '"vendor_id":"1af4"' '"device_id":"1110"' \
+           '"driver":"perfq"' '"device_name":"Inter-VM shared memory"' '"vendor_name":"Red Hat, Inc."'; do
+    check "perfqctl devices lists the ivshmem device bound to perfq: $f" grep -qF "$f" /tmp/devices.json
+  done
+  send_file /tmp/devices.json devices.json
+  send_file /tmp/devices-all.json devices-all.json
   check "perfqctl start" perfqctl --socket $SOCK start -o /tmp/t.trace
 else
   mode=record
