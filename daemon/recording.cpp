@@ -153,6 +153,7 @@ class DeviceRecorder {
   // Rounds a model must have taken in before it converts anything: the
   // first ones do not know the drift yet, and one bad round weighs much.
   static constexpr uint64_t kMinModelRounds = 5;
+  static constexpr uint32_t kWarmupIntervalMs = 10;
   std::shared_ptr<const ModelSnapshot> model() const {
     std::lock_guard lock(model_mu_);
     return model_;
@@ -214,7 +215,15 @@ class DeviceRecorder {
         std::lock_guard lock(mu_);
         ++rounds_;
       }
-      wait_stop_for(std::chrono::milliseconds(opts_.sync_interval_ms));
+      // Until the model has its first rounds, nothing of the device can be
+      // converted and every record waits in memory: take those rounds
+      // quickly (a fit over rounds 10 ms apart brackets the records
+      // between them as well as one over 100 ms), then settle to the
+      // configured interval.
+      const uint32_t interval = taken_rounds_ < kMinModelRounds
+                                    ? std::min<uint32_t>(opts_.sync_interval_ms, kWarmupIntervalMs)
+                                    : opts_.sync_interval_ms;
+      wait_stop_for(std::chrono::milliseconds(interval));
     }
     sync_done_ = true;
   }
