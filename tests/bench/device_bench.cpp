@@ -30,6 +30,7 @@
 #include "perfq/drain.h"
 #include "perfq/region.h"
 #include "perfq/spsc_ring.h"
+#include "bare_ring.h"
 
 namespace perfq {
 namespace {
@@ -65,31 +66,8 @@ class HeapRegion {
 };
 
 void BM_bare_push_rdtsc(benchmark::State& state) {
-  HeapRing<perfq_record> ring(kQueue);
-  auto p = ring.producer();
-  std::atomic<bool> stop{false};
-  std::thread consumer([&, c = ring.consumer()]() mutable {
-    while (!stop.load(std::memory_order_relaxed)) {
-      auto s = c.peek(4096);
-      if (s.empty()) {
-        std::this_thread::yield();
-        continue;
-      }
-      c.release(s.size());
-    }
-  });
-  uint64_t i = 0, full = 0;
-  for (auto _ : state) {
-    const perfq_record r{i, 1, 0, PERFQ_FLAGS(PERFQ_KIND_INSTANT, PERFQ_CLOCK_DEVICE), __rdtsc(), i};
-    if (p.try_push(r))
-      ++i;
-    else
-      ++full;
-  }
-  stop = true;
-  consumer.join();
-  state.SetItemsProcessed(static_cast<int64_t>(i + full));
-  state.counters["delivered_pct"] = 100.0 * static_cast<double>(i) / static_cast<double>(i + full);
+  bare_ring_push(state, kQueue, PERFQ_FLAGS(PERFQ_KIND_INSTANT, PERFQ_CLOCK_DEVICE),
+                 [] { return static_cast<uint64_t>(__rdtsc()); });
 }
 BENCHMARK(BM_bare_push_rdtsc);
 

@@ -34,6 +34,7 @@
 #include "perfq/host_apps.h"
 #include "perfq/perfq.h"
 #include "perfq/spsc_ring.h"
+#include "bare_ring.h"
 
 namespace perfq {
 namespace {
@@ -108,68 +109,16 @@ class BenchDaemon {
   std::thread accept_, collector_;
 };
 
-perfq_record make_record(uint64_t i) {
-  return perfq_record{i, 1, 0, PERFQ_FLAGS(PERFQ_KIND_INSTANT, PERFQ_CLOCK_HOST), i, i};
-}
-
+// The same work as perfq_instant's store: a timestamped record.
 void BM_bare_push(benchmark::State& state) {
-  HeapRing<perfq_record> ring(kCapacity);
-  auto p = ring.producer();
-  std::atomic<bool> stop{false};
-  std::thread consumer([&, c = ring.consumer()]() mutable {
-    while (!stop.load(std::memory_order_relaxed)) {
-      auto s = c.peek(4096);
-      if (s.empty()) {
-        std::this_thread::yield();
-        continue;
-      }
-      c.release(s.size());
-    }
-  });
-  uint64_t i = 0, full = 0;
-  for (auto _ : state) {
-    // The same work as perfq_instant's store: a timestamped record.
-    perfq_record r = make_record(i);
-    r.time = monotonic_ns();
-    if (p.try_push(r))
-      ++i;
-    else
-      ++full;
-  }
-  stop = true;
-  consumer.join();
-  state.SetItemsProcessed(static_cast<int64_t>(i + full));
-  state.counters["full_pct"] = 100.0 * static_cast<double>(full) / static_cast<double>(i + full);
+  bare_ring_push(state, kCapacity, PERFQ_FLAGS(PERFQ_KIND_INSTANT, PERFQ_CLOCK_HOST),
+                 [] { return monotonic_ns(); });
 }
 BENCHMARK(BM_bare_push);
 
 void BM_bare_push_rdtsc(benchmark::State& state) {
-  HeapRing<perfq_record> ring(kCapacity);
-  auto p = ring.producer();
-  std::atomic<bool> stop{false};
-  std::thread consumer([&, c = ring.consumer()]() mutable {
-    while (!stop.load(std::memory_order_relaxed)) {
-      auto s = c.peek(4096);
-      if (s.empty()) {
-        std::this_thread::yield();
-        continue;
-      }
-      c.release(s.size());
-    }
-  });
-  uint64_t i = 0, full = 0;
-  for (auto _ : state) {
-    perfq_record r = make_record(i);
-    r.time = __rdtsc();
-    if (p.try_push(r))
-      ++i;
-    else
-      ++full;
-  }
-  stop = true;
-  consumer.join();
-  state.SetItemsProcessed(static_cast<int64_t>(i + full));
-  state.counters["full_pct"] = 100.0 * static_cast<double>(full) / static_cast<double>(i + full);
+  bare_ring_push(state, kCapacity, PERFQ_FLAGS(PERFQ_KIND_INSTANT, PERFQ_CLOCK_HOST),
+                 [] { return static_cast<uint64_t>(__rdtsc()); });
 }
 BENCHMARK(BM_bare_push_rdtsc);
 
