@@ -383,6 +383,11 @@ class Analyzer : public TraceVisitor {
     if (st.seen && rec.index > st.last_index + 1) {
       st.stat.gap_lost += rec.index - st.last_index - 1;
       note_loss(st, t, rec.index);
+    } else if (st.seen && rec.index < st.last_index && st.stat.gap_lost > 0) {
+      // A record that sorted after a later one of its stream (two device
+      // times a model change converted out of order) fills the gap it
+      // left: it was late, not lost.
+      --st.stat.gap_lost;
     }
     if (!st.seen || rec.index > st.last_index) st.last_index = rec.index;
     st.seen = true;
