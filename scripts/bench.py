@@ -142,16 +142,23 @@ def lttng_bench(reps, min_time):
     except Exception as e:  # noqa: BLE001 - reported as a skipped figure
         return None, f"LTTng run failed: {e}"
     finally:
-        sessiond.terminate()
-        try:
-            sessiond.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            sessiond.kill()
-            sessiond.wait()
+        stop(sessiond, timeout=10)
         shutil.rmtree(tmp, ignore_errors=True)
 
 
 # ---------------------------------------------------------------- processes
+
+
+def stop(proc, timeout=20):
+    """SIGTERM, then SIGKILL if `proc` has not exited within `timeout` s."""
+    if proc is None or proc.poll() is not None:
+        return
+    proc.terminate()
+    try:
+        proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
 
 
 def cpu_ticks(pid):
@@ -235,13 +242,7 @@ class Stack:
 
     def __exit__(self, *exc):
         for p in (self.devsim, self.daemon):
-            if p and p.poll() is None:
-                p.terminate()
-                try:
-                    p.wait(timeout=20)
-                except subprocess.TimeoutExpired:
-                    p.kill()
-                    p.wait()
+            stop(p)
         for f in (self.region, self.trace):
             if os.path.exists(f):
                 os.unlink(f)
@@ -359,8 +360,7 @@ def sync_round(tmp):
         return sys_bench("sync", "--device", f"shm:{region}", "--rounds",
                          "10" if QUICK else "100")
     finally:
-        dev.terminate()
-        dev.wait()
+        stop(dev)
         if os.path.exists(region):
             os.unlink(region)
 
