@@ -137,9 +137,10 @@ Result<RoundResult> HostSync::round() {
         time_diff(obs->host_ns, sync_.to_host(obs->device_time))));
     useless = model_unc < obs->uncertainty_ns && resid <= obs->uncertainty_ns + model_unc;
   }
+  // A round the gate leaves out of the fit may still witness a clock step.
   res.verdict = !sync_.has_model() || (obs->uncertainty_ns <= gate && !useless)
                     ? sync_.add(*obs)
-                    : ClockSync::Verdict::kOutlier;
+                    : sync_.witness(*obs);
   if (opts_.mode == PERFQ_SYNC_MODE_B) {
     write_sample_batch(&page->mailbox, r, *host);
     __atomic_store_n(&page->mode, static_cast<uint32_t>(PERFQ_SYNC_MODE_B), __ATOMIC_RELEASE);

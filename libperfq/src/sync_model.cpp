@@ -387,14 +387,7 @@ void ClockSync::start_segment(const SyncObservation* first, const SyncObservatio
   push_knot();
 }
 
-ClockSync::Verdict ClockSync::add(const SyncObservation& obs) {
-  if (!usable(obs, cfg_)) return std::isfinite(obs.uncertainty_ns) && obs.uncertainty_ns >= 0
-                                     ? Verdict::kOutlier
-                                     : Verdict::kInvalid;
-  if (!current_.valid) {
-    start_segment(nullptr, obs);
-    return Verdict::kAccepted;
-  }
+bool ClockSync::far_off(const SyncObservation& obs) const {
   // Distance from the prediction, against what the model and the
   // observation can vouch for.
   const long double x = static_cast<long double>(time_diff(obs.device_time, current_.device_ref));
@@ -404,25 +397,39 @@ ClockSync::Verdict ClockSync::add(const SyncObservation& obs) {
       3 * std::sqrt(static_cast<double>(fit_var_ybar_ + dxb * dxb * fit_var_c_));
   const double tol = std::max({cfg_.step_min_ns, cfg_.step_k * sigma_,
                                2 * obs.uncertainty_ns + model_unc});
-  if (std::fabs(resid) > tol) {
-    if (have_pending_) {
-      const long double dx =
-          static_cast<long double>(time_diff(obs.device_time, pending_.device_time));
-      const long double e = static_cast<long double>(time_diff(obs.host_ns, pending_.host_ns)) -
-                            current_.ns_per_tick * dx;
-      const double confirm = std::max({cfg_.step_min_ns / 2, cfg_.step_k * sigma_,
-                                       2 * (obs.uncertainty_ns + pending_.uncertainty_ns)}) +
-                             3 * std::sqrt(static_cast<double>(fit_var_c_)) * std::fabs(static_cast<double>(dx));
-      if (std::fabs(static_cast<double>(e)) <= confirm) {
-        const SyncObservation first = pending_;
-        start_segment(&first, obs);
-        return Verdict::kNewSegment;
-      }
+  return std::fabs(resid) > tol;
+}
+
+ClockSync::Verdict ClockSync::step_candidate(const SyncObservation& obs) {
+  if (have_pending_) {
+    const long double dx =
+        static_cast<long double>(time_diff(obs.device_time, pending_.device_time));
+    const long double e = static_cast<long double>(time_diff(obs.host_ns, pending_.host_ns)) -
+                          current_.ns_per_tick * dx;
+    const double confirm = std::max({cfg_.step_min_ns / 2, cfg_.step_k * sigma_,
+                                     2 * (obs.uncertainty_ns + pending_.uncertainty_ns)}) +
+                           3 * std::sqrt(static_cast<double>(fit_var_c_)) *
+                               std::fabs(static_cast<double>(dx));
+    if (std::fabs(static_cast<double>(e)) <= confirm) {
+      const SyncObservation first = pending_;
+      start_segment(&first, obs);
+      return Verdict::kNewSegment;
     }
-    pending_ = obs;
-    have_pending_ = true;
-    return Verdict::kStepPending;
   }
+  pending_ = obs;
+  have_pending_ = true;
+  return Verdict::kStepPending;
+}
+
+ClockSync::Verdict ClockSync::add(const SyncObservation& obs) {
+  if (!usable(obs, cfg_)) return std::isfinite(obs.uncertainty_ns) && obs.uncertainty_ns >= 0
+                                     ? Verdict::kOutlier
+                                     : Verdict::kInvalid;
+  if (!current_.valid) {
+    start_segment(nullptr, obs);
+    return Verdict::kAccepted;
+  }
+  if (far_off(obs)) return step_candidate(obs);
   have_pending_ = false;  // a lone far-off observation was an outlier
   window_.push_back(obs);
   inlier_.push_back(1);
@@ -435,10 +442,18 @@ ClockSync::Verdict ClockSync::add(const SyncObservation& obs) {
   return inlier_.back() ? Verdict::kAccepted : Verdict::kRejected;
 }
 
+ClockSync::Verdict ClockSync::witness(const SyncObservation& obs) {
+  if (!usable(obs, cfg_)) return std::isfinite(obs.uncertainty_ns) && obs.uncertainty_ns >= 0
+                                     ? Verdict::kOutlier
+                                     : Verdict::kInvalid;
+  if (!current_.valid || !far_off(obs)) return Verdict::kOutlier;
+  return step_candidate(obs);
+}
+
 // ---- Offline ---------------------------------------------------------------------------------
 
 OfflineFit fit_offline(std::span<const SyncObservation> obs, const ClockRates& rates,
-                       const SyncConfig& cfg) {
+                       const SyncConfig& cfg, std::span<const uint8_t> witness_only) {
   OfflineFit out;
   out.verdicts.assign(obs.size(), ClockSync::Verdict::kInvalid);
   out.segment_of.assign(obs.size(), -1);
@@ -451,7 +466,8 @@ OfflineFit fit_offline(std::span<const SyncObservation> obs, const ClockRates& r
   ClockSync sync(rates, all);
   size_t pending = SIZE_MAX;
   for (size_t i = 0; i < obs.size(); ++i) {
-    const auto v = sync.add(obs[i]);
+    const bool loose = i < witness_only.size() && witness_only[i];
+    const auto v = loose ? sync.witness(obs[i]) : sync.add(obs[i]);
     out.verdicts[i] = v;
     switch (v) {
       case ClockSync::Verdict::kAccepted:
@@ -534,8 +550,7 @@ namespace {
 // tells on which side of a step (milliseconds) it was taken: narrow every
 // boundary with the rounds that fit one side only, then split what is left
 // at its host midpoint, as the online tracker does.
-void narrow_steps(OfflineFit& fit, std::span<const SyncObservation> used,
-                  std::span<const SyncObservation> all, const SyncConfig& cfg) {
+void narrow_steps(OfflineFit& fit, std::span<const SyncObservation> all, const SyncConfig& cfg) {
   auto& segs = fit.model.mutable_segments();
   const auto fits = [&](const PiecewiseModel::Segment& s, const SyncObservation& o) {
     const double resid =
@@ -547,9 +562,9 @@ void narrow_steps(OfflineFit& fit, std::span<const SyncObservation> used,
     auto& b = segs[j + 1];
     const SyncObservation* last_a = nullptr;
     const SyncObservation* first_b = nullptr;
-    for (size_t i = 0; i < used.size(); ++i) {
-      if (fit.segment_of[i] == static_cast<int32_t>(a.id)) last_a = &used[i];
-      if (fit.segment_of[i] == static_cast<int32_t>(b.id) && !first_b) first_b = &used[i];
+    for (size_t i = 0; i < all.size(); ++i) {
+      if (fit.segment_of[i] == static_cast<int32_t>(a.id)) last_a = &all[i];
+      if (fit.segment_of[i] == static_cast<int32_t>(b.id) && !first_b) first_b = &all[i];
     }
     if (!last_a || !first_b || a.knots.empty() || b.knots.empty()) continue;
     const uint64_t lo = last_a->host_ns, hi = first_b->host_ns;
@@ -589,13 +604,15 @@ OfflineFit fit_offline_rounds(std::span<const SyncRound> rounds, const ClockRate
   u.reserve(all.size());
   for (const auto& o : all) u.push_back(o.uncertainty_ns);
   const double gate = gate_of(u);
-  std::vector<SyncObservation> obs;
-  obs.reserve(all.size());
-  for (const auto& o : all)
-    if (o.uncertainty_ns <= gate) obs.push_back(o);
-  const std::span<const SyncObservation> used = obs.size() >= 2 ? obs : all;
-  OfflineFit fit = fit_offline(used, rates, cfg);
-  narrow_steps(fit, used, all, cfg);
+  std::vector<uint8_t> loose(all.size(), 0);
+  size_t tight = 0;
+  for (size_t i = 0; i < all.size(); ++i) {
+    loose[i] = all[i].uncertainty_ns > gate;
+    tight += !loose[i];
+  }
+  if (tight < 2) std::fill(loose.begin(), loose.end(), 0);
+  OfflineFit fit = fit_offline(all, rates, cfg, loose);
+  narrow_steps(fit, all, cfg);
   return fit;
 }
 
@@ -636,7 +653,7 @@ ClockSync::Verdict DeviceClockSync::add(const SyncObservation& obs) {
   // rounds (its drift is not known yet) more than it needs them tight.
   constexpr size_t kMinGateRounds = 8;
   if (sync_.has_model() && recent_unc_.size() > kMinGateRounds && obs.uncertainty_ns > gate)
-    return ClockSync::Verdict::kOutlier;
+    return sync_.witness(obs);
   return sync_.add(obs);
 }
 

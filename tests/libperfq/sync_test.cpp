@@ -650,9 +650,13 @@ TEST_CASE("sync: offline, loose rounds narrow down where a step happened", "[syn
   }
   auto off = fit_offline_rounds(rounds, sim.rates());
   REQUIRE(off.model.segments().size() == 2);
-  // The loose rounds were left out of the fit.
-  CHECK(std::count(off.segment_of.begin(), off.segment_of.end(), -1) == 0);
-  CHECK(off.segment_of.size() == 60 - 25);
+  // The loose rounds were left out of the fit, but for the two that
+  // witnessed the step (rounds 31 and 32) and so start the new segment.
+  REQUIRE(off.segment_of.size() == 60);
+  CHECK(std::count(off.segment_of.begin(), off.segment_of.end(), -1) == 25 - 2);
+  CHECK(off.verdicts[31] == ClockSync::Verdict::kStepPending);
+  CHECK(off.verdicts[32] == ClockSync::Verdict::kNewSegment);
+  CHECK(off.segment_of[32] == 1);
   auto conv = [&](uint64_t d) { return off.model.to_host(d); };
   // Only the interval between rounds 30 and 31 is ambiguous.
   auto e = record_errors(sim, 0.2e9L, 5.9e9L, 8000, conv, {{3.0e9L, 3.1e9L}});
@@ -663,6 +667,60 @@ TEST_CASE("sync: offline, loose rounds narrow down where a step happened", "[syn
   const auto& segs = off.model.segments();
   CHECK(sim.true_time_of(segs[0].valid_until) == Approx(3.05e9L).margin(5e6));
   CHECK(sim.true_time_of(segs[1].valid_from) - 5e6L == Approx(3.05e9L).margin(5e6));
+}
+
+// A saturated machine after a step: every round from the step on is loose
+// (tens of microseconds), so a gate keeps them all out of the fit.  They
+// must still witness the step, online and offline; otherwise the model
+// stays on the old segment, milliseconds off, while claiming a microsecond.
+TEST_CASE("sync: loose rounds alone witness a step", "[sync]") {
+  Sim sim;
+  sim.drift = 40e-6L;
+  sim.steps = {{3.05e9L, 5e6L}};
+  std::vector<SyncRound> rounds;
+  for (uint32_t i = 0; i < 60; ++i) {
+    const bool loose = i > 30;
+    sim.base_ns = loose ? 20e3L : 150;
+    sim.jitter_ns = loose ? 10e3L : 300;
+    rounds.push_back(sim.round_at(static_cast<long double>(i) * 100e6L, i));
+  }
+  const auto obs = observe_all(rounds, sim.rates());
+
+  ClockSync sync(sim.rates());
+  std::vector<ClockSync::Verdict> v;
+  for (size_t i = 0; i < obs.size(); ++i) {
+    // A loose round that agrees with the model changes nothing.
+    if (i == 20) {
+      auto loose = obs[i];
+      loose.uncertainty_ns = 30e3;
+      const ClockModel before = sync.current();
+      CHECK(sync.witness(loose) == ClockSync::Verdict::kOutlier);
+      CHECK(sync.current().device_ref == before.device_ref);
+      CHECK(sync.history().segments().size() == 1);
+    }
+    v.push_back(i <= 30 ? sync.add(obs[i]) : sync.witness(obs[i]));
+  }
+  CHECK(v[31] == ClockSync::Verdict::kStepPending);
+  CHECK(v[32] == ClockSync::Verdict::kNewSegment);
+  for (size_t i = 33; i < v.size(); ++i) CHECK(v[i] == ClockSync::Verdict::kOutlier);
+  REQUIRE(sync.history().segments().size() == 2);
+  // The new segment rests on two loose rounds: tens of microseconds, not
+  // milliseconds, and the model says so.
+  auto conv = [&](uint64_t d) { return sync.to_host(d); };
+  auto after = record_errors(sim, 3.3e9L, 5.9e9L, 2000, conv);
+  WARN("loose witnesses, online after the step: p50 " << after.p(0.5) << " max " << after.max()
+       << " ns; claim " << sync.current().uncertainty_ns << " ns");
+  CHECK(after.max() <= 100'000);
+  CHECK(sync.current().uncertainty_ns >= 1'000);
+  auto before = record_errors(sim, 0.2e9L, 3.0e9L, 2000, conv);
+  CHECK(before.max() <= 2'000);
+
+  // Offline, from the rounds: the same two segments.
+  auto off = fit_offline_rounds(rounds, sim.rates());
+  REQUIRE(off.model.segments().size() == 2);
+  auto oconv = [&](uint64_t d) { return off.model.to_host(d); };
+  CHECK(record_errors(sim, 3.3e9L, 5.9e9L, 2000, oconv).max() <= 100'000);
+  CHECK(record_errors(sim, 0.2e9L, 3.0e9L, 2000, oconv).max() <= 2'000);
 }
 
 // ---- mode B ------------------------------------------------------------------------------------------

@@ -228,6 +228,14 @@ class ClockSync {
   explicit ClockSync(const ClockRates& rates, const SyncConfig& cfg = {});
 
   Verdict add(const SyncObservation& obs);
+  // An observation too loose to fit (a gate left it out) may still witness
+  // a step: one a few tens of microseconds wide tells a millisecond step
+  // apart.  Far off the prediction, it is a step candidate or confirms one,
+  // exactly as in add(); otherwise it is kOutlier and changes nothing (a
+  // pending candidate stays pending: a loose round cannot refute it).
+  // Without this, a step that only loose rounds see (a saturated machine)
+  // would go unnoticed for as long as the machine stays saturated.
+  Verdict witness(const SyncObservation& obs);
 
   bool has_model() const { return current_.valid; }
   // The model fitted after the last accepted observation.
@@ -243,6 +251,8 @@ class ClockSync {
 
  private:
   void start_segment(const SyncObservation* first, const SyncObservation& second);
+  bool far_off(const SyncObservation& obs) const;
+  Verdict step_candidate(const SyncObservation& obs);
   void refit();
   void push_knot();
 
@@ -278,16 +288,19 @@ struct OfflineFit {
 // Whole-recording model: the same segmentation as the online tracker, then
 // for every observation a robust fit over a window centered on it (data on
 // both sides), and conversion by interpolation between those knots.
+// Observations flagged in witness_only (when given, parallel to
+// observations) are not fitted but may witness a step (ClockSync::witness).
 OfflineFit fit_offline(std::span<const SyncObservation> observations, const ClockRates& rates,
-                       const SyncConfig& cfg = {});
+                       const SyncConfig& cfg = {}, std::span<const uint8_t> witness_only = {});
 
 // The same from raw rounds (host and device samples of each round).  Rounds
 // much less certain than the recording's usual ones (above max(2 us, 4 x
 // the lower quartile of all rounds): preempted or waiting for the device to
-// be scheduled) are left out, as the online gate does; they still narrow
-// down where each step happened (a loose round tells which side of a step
-// it was taken on), so only the interval between the two rounds around a
-// step is ambiguous.
+// be scheduled) are left out of the fit, as the online gate does; they
+// still witness steps and narrow down where each step happened (a loose
+// round tells which side of a step it was taken on), so only the interval
+// between the two rounds around a step is ambiguous.  segment_of and
+// verdicts are per usable round, in order.
 struct SyncRound {
   uint32_t round = 0;
   std::vector<perfq_clock_sample> host;
