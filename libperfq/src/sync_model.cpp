@@ -387,7 +387,7 @@ void ClockSync::start_segment(const SyncObservation* first, const SyncObservatio
   push_knot();
 }
 
-bool ClockSync::far_off(const SyncObservation& obs) const {
+bool ClockSync::far_off(const SyncObservation& obs, double at_least_ns) const {
   // Distance from the prediction, against what the model and the
   // observation can vouch for.
   const long double x = static_cast<long double>(time_diff(obs.device_time, current_.device_ref));
@@ -396,7 +396,7 @@ bool ClockSync::far_off(const SyncObservation& obs) const {
   const double model_unc =
       3 * std::sqrt(static_cast<double>(fit_var_ybar_ + dxb * dxb * fit_var_c_));
   const double tol = std::max({cfg_.step_min_ns, cfg_.step_k * sigma_,
-                               2 * obs.uncertainty_ns + model_unc});
+                               2 * obs.uncertainty_ns + model_unc, at_least_ns});
   return std::fabs(resid) > tol;
 }
 
@@ -446,7 +446,10 @@ ClockSync::Verdict ClockSync::witness(const SyncObservation& obs) {
   if (!usable(obs, cfg_)) return std::isfinite(obs.uncertainty_ns) && obs.uncertainty_ns >= 0
                                      ? Verdict::kOutlier
                                      : Verdict::kInvalid;
-  if (!current_.valid || !far_off(obs)) return Verdict::kOutlier;
+  // Only a step much wider than the observation itself: a loose round is
+  // loose because something got in the way, and what got in the way may
+  // have skewed it beyond its bracket too.
+  if (!current_.valid || !far_off(obs, cfg_.witness_k * obs.uncertainty_ns)) return Verdict::kOutlier;
   return step_candidate(obs);
 }
 

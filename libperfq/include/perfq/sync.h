@@ -169,6 +169,9 @@ struct SyncConfig {
   // starts a new segment; a normal observation in between discards it.
   double step_min_ns = 2000;
   double step_k = 8;
+  // A loose observation (kept out of the fit) witnesses a step only when it
+  // is further off than this many times its own uncertainty.
+  double witness_k = 10;
   // Observations less certain than this are useless (a preempted round):
   // verdict kOutlier, never fitted, never a step witness.
   double max_uncertainty_ns = 1e6;
@@ -230,9 +233,10 @@ class ClockSync {
   Verdict add(const SyncObservation& obs);
   // An observation too loose to fit (a gate left it out) may still witness
   // a step: one a few tens of microseconds wide tells a millisecond step
-  // apart.  Far off the prediction, it is a step candidate or confirms one,
-  // exactly as in add(); otherwise it is kOutlier and changes nothing (a
-  // pending candidate stays pending: a loose round cannot refute it).
+  // apart.  Far off the prediction (and by more than witness_k times its
+  // own uncertainty), it is a step candidate or confirms one, exactly as in
+  // add(); otherwise it is kOutlier and changes nothing (a pending
+  // candidate stays pending: a loose round cannot refute it).
   // Without this, a step that only loose rounds see (a saturated machine)
   // would go unnoticed for as long as the machine stays saturated.
   Verdict witness(const SyncObservation& obs);
@@ -251,7 +255,7 @@ class ClockSync {
 
  private:
   void start_segment(const SyncObservation* first, const SyncObservation& second);
-  bool far_off(const SyncObservation& obs) const;
+  bool far_off(const SyncObservation& obs, double at_least_ns = 0) const;
   Verdict step_candidate(const SyncObservation& obs);
   void refit();
   void push_knot();
