@@ -123,6 +123,31 @@ json Daemon::start(const json& req, const Peer& peer) {
   o.sync_mode = mode == "b" ? PERFQ_SYNC_MODE_B : PERFQ_SYNC_MODE_A;
   o.duration_s = req.value("duration_s", 0.0);
   if (o.duration_s < 0 || o.duration_s > 1e7) return error("start: bad duration_s");
+  if (req.contains("kernel_events")) {
+    if (!req["kernel_events"].is_string())
+      return error("start: kernel_events must be a string such as \"sched,syscalls\"");
+    if (Status s = parse_kernel_event_list(req["kernel_events"].get<std::string>(), &o.kernel); !s)
+      return error("start: " + s.message());
+  }
+  if (req.contains("pids")) {
+    if (!req["pids"].is_array()) return error("start: pids must be an array of process ids");
+    for (const auto& p : req["pids"]) {
+      if (!p.is_number_unsigned() || p.get<uint64_t>() == 0 || p.get<uint64_t>() > 0x3fffffff)
+        return error("start: pids: " + p.dump() + " is not a process id");
+      o.kernel.pids.push_back(static_cast<uint32_t>(p.get<uint64_t>()));
+    }
+  }
+  if (req.contains("uprobes")) {
+    if (!req["uprobes"].is_array()) return error("start: uprobes must be an array of PATH:SYMBOL");
+    for (const auto& u : req["uprobes"]) {
+      if (!u.is_string()) return error("start: uprobes: " + u.dump() + " is not PATH:SYMBOL");
+      if (Status s = check_uprobe_spec(u.get<std::string>()); !s) return error("start: " + s.message());
+      o.kernel.uprobes.push_back(u.get<std::string>());
+    }
+  }
+  if (!o.kernel.pids.empty() && !o.kernel.any())
+    return error("start: pids only tell which processes --kernel-events and --uprobe trace; "
+                 "give one of them too");
   o.ring_records = c.ring_records;
   o.device_grace_ns = static_cast<int64_t>(c.device_latency_ms) * 1'000'000;
   o.host_grace_ns = static_cast<int64_t>(c.host_latency_ms) * 1'000'000;
@@ -155,8 +180,10 @@ json Daemon::start(const json& req, const Peer& peer) {
                peer.describe());
   json devs = json::array();
   for (const auto& d : o.devices) devs.push_back(d);
-  return {{"ok", true}, {"output", o.output}, {"devices", devs}, {"start_ns", r->start_ns()},
-          {"duration_s", o.duration_s}};
+  json reply = {{"ok", true}, {"output", o.output}, {"devices", devs},
+                {"start_ns", r->start_ns()}, {"duration_s", o.duration_s}};
+  if (!r->warnings().empty()) reply["warnings"] = r->warnings();
+  return reply;
 }
 
 json Daemon::stop(const std::function<void(const json&)>& progress, bool automatic) {

@@ -12,6 +12,7 @@
 #include "perfq/device_clock.h"
 #include "perfq/drain.h"
 #include "perfq/host_sync.h"
+#include "perfq/kernel_events.h"
 #include "perfq/pci_scan.h"
 #include "perfq/sync.h"
 #include "perfq/transport.h"
@@ -496,6 +497,10 @@ Recording::Recording(const RecordingOptions& opts) : opts_(opts), merger_(opts.m
 Recording::~Recording() {
   // A recording that never started (start() failed) has nothing to stop.
   if (writer_thread_.joinable() && !stopped_) stop();
+  if (kernel_thread_.joinable()) {
+    kernel_stop_ = true;
+    kernel_thread_.join();
+  }
 }
 
 namespace {
@@ -554,12 +559,38 @@ Result<std::unique_ptr<Recording>> Recording::start(const RecordingOptions& o) {
     meta.sources.push_back(rec->devices_.back()->describe());
   }
 
+  if (o.kernel.any()) {
+    auto k = KernelEvents::open(o.kernel);
+    if (!k) {
+      // Said once, here; the recording goes on with everything else.
+      rec->kernel_error_ = k.status().message();
+      rec->warnings_.push_back("kernel events: " + rec->kernel_error_ +
+                               "; recording everything else");
+      spdlog::warn("{}", rec->warnings_.back());
+      meta.options["kernel_events_error"] = rec->kernel_error_;
+    } else {
+      rec->kernel_ = std::move(k.value());
+      meta.sources.push_back(rec->kernel_->describe());
+      std::string what = std::string(o.kernel.sched ? "sched," : "") + (o.kernel.syscalls ? "syscalls," : "");
+      for (const auto& u : o.kernel.uprobes) what += "uprobe " + u + ",";
+      if (!what.empty()) what.pop_back();
+      meta.options["kernel_events"] = what;
+    }
+  }
+
   auto w = open_as(o, meta);
   if (!w) return w.status();
   rec->writer_ = std::make_unique<TraceWriter>(std::move(w.value()));
 
   rec->host_input_ = rec->merger_.add_input("host", rec->start_ns_ - o.host_grace_ns);
   for (auto& d : rec->devices_) d->start(o);
+  if (rec->kernel_) {
+    rec->kernel_input_ = rec->merger_.add_input("kernel", rec->start_ns_ - o.host_grace_ns);
+    rec->kernel_thread_ = std::thread([r = rec.get()] {
+      pthread_setname_np(pthread_self(), "pq-kernel");
+      r->kernel_main();
+    });
+  }
   rec->writer_thread_ = std::thread([r = rec.get()] {
     pthread_setname_np(pthread_self(), "pq-writer");
     r->writer_main();
@@ -569,6 +600,19 @@ Result<std::unique_ptr<Recording>> Recording::start(const RecordingOptions& o) {
 
 void Recording::on_host_sources(const std::vector<TraceSource>& sources) {
   if (sources.empty()) return;
+  if (kernel_) {
+    // Registered applications are traced from the moment they are known.
+    std::lock_guard lock(kernel_mu_);
+    for (const auto& s : sources) {
+      if (s.kind != TraceSourceKind::kHost || s.pid == 0 ||
+          std::find(traced_pids_.begin(), traced_pids_.end(), s.pid) != traced_pids_.end())
+        continue;
+      if (Status st = kernel_->trace_pid(s.pid); !st)
+        spdlog::warn("kernel events: {}", st.message());
+      else
+        traced_pids_.push_back(s.pid);
+    }
+  }
   TraceMetadata m;
   m.sources = sources;
   {
@@ -620,6 +664,64 @@ void Recording::on_host_idle(int64_t bound) {
     batch.swap(host_batch_);
   }
   merger_.push(host_input_, batch, bound);
+}
+
+// The kernel collector: everything the BPF program stored, every 10 ms (the
+// program wakes this thread early only when its buffer fills up), into the
+// merger with the host grace; kernel-side drops into the loss table.
+void Recording::kernel_main() {
+  std::vector<TraceRecord> out;
+  std::vector<uint64_t> dropped_seen;
+  std::vector<uint64_t> last_index;
+  bool failed = false;
+  auto pass = [&](int timeout_ms) {
+    const int64_t t0 = now_ns();
+    out.clear();
+    auto n = kernel_->poll(out, timeout_ms);
+    if (!n && !failed) {
+      failed = true;
+      spdlog::error("kernel events: {}; no more kernel events in this recording",
+                    n.status().message());
+    }
+    for (const auto& r : out) {
+      if (r.rec.stream >= last_index.size()) last_index.resize(r.rec.stream + 1u, 0);
+      last_index[r.rec.stream] = r.rec.index;
+    }
+    kernel_records_ += out.size();
+    merger_.push(kernel_input_, out, t0 - opts_.host_grace_ns);
+    const auto dropped = kernel_->dropped();
+    if (dropped_seen.size() < dropped.size()) dropped_seen.resize(dropped.size(), 0);
+    for (size_t cpu = 0; cpu < dropped.size(); ++cpu) {
+      if (dropped[cpu] <= dropped_seen[cpu]) continue;
+      const uint64_t d = dropped[cpu] - dropped_seen[cpu];
+      dropped_seen[cpu] = dropped[cpu];
+      kernel_dropped_ += d;
+      queue_loss({PERFQ_KERNEL_SOURCE, static_cast<uint16_t>(cpu), TraceLossReason::kKernelBufferFull,
+                  d, now_ns(), cpu < last_index.size() ? last_index[cpu] : 0});
+    }
+  };
+  while (!kernel_stop_) pass(10);
+  pass(0);  // what was stored before the stop
+  merger_.close(kernel_input_);
+}
+
+nlohmann::json Recording::kernel_status() const {
+  if (!opts_.kernel.any()) return {{"state", "off"}};
+  if (!kernel_) return {{"state", "unavailable"}, {"error", kernel_error_}};
+  json pids = json::array();
+  {
+    std::lock_guard lock(kernel_mu_);
+    for (uint32_t p : opts_.kernel.pids) pids.push_back(p);
+    for (uint32_t p : traced_pids_) pids.push_back(p);
+  }
+  return {{"state", kernel_stop_ ? "stopped" : "recording"},
+          {"records", kernel_records_.load()},
+          {"dropped", kernel_dropped_.load()},
+          {"missed", kernel_->missed()},
+          {"traced_pids", pids},
+          {"sched", opts_.kernel.sched},
+          {"syscalls", opts_.kernel.syscalls},
+          {"uprobes", opts_.kernel.uprobes}};
 }
 
 void Recording::queue_sync(std::vector<TraceSyncSample> samples, const TraceClockModel* model) {
@@ -721,6 +823,10 @@ json Recording::stop(const std::function<void(const json&)>& progress) {
   // on_host_idle() from it (or this one) closes the host input.
   on_host_idle(stop_ns);
   merger_.close(host_input_);
+  if (kernel_thread_.joinable()) {
+    kernel_stop_ = true;
+    kernel_thread_.join();
+  }
   writer_stop_ = true;
   if (writer_thread_.joinable()) writer_thread_.join();
   Status closed = write_failed_ ? Status::ok() : write_side_queue();
@@ -776,6 +882,7 @@ json Recording::status() const {
                 {"watermark_lag_ms", ms.watermark ? static_cast<double>(now_ns() - ms.watermark) / 1e6 : 0.0}};
   j["devices"] = devices;
   j["host_streams"] = host;
+  j["kernel"] = kernel_status();
   return j;
 }
 

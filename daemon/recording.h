@@ -6,6 +6,8 @@
 //     the clock model valid at that time, and hands them to the merger;
 //   - per device, a sync thread: a sync round every sync interval
 //     (HostSync), whose samples and models go into the trace;
+//   - with kernel events, the kernel collector thread (pq-kernel): drains
+//     the BPF ring buffer into the merger as one more host input;
 //   - the writer thread: releases records from the merger behind its
 //     watermark and appends them, with metadata, sync data and losses, to
 //     the trace file.
@@ -31,6 +33,7 @@
 #include <thread>
 #include <vector>
 
+#include "kernel_events.h"
 #include "merge.h"
 #include "perfq/perfq_abi.h"
 #include "perfq/status.h"
@@ -52,6 +55,7 @@ struct RecordingOptions {
   uid_t owner_uid = 0;               // the trace file is created as this user
   gid_t owner_gid = 0;
   std::string requested_by;          // "uid 1000 (pid 42)"
+  KernelEventOptions kernel;         // BPF host kernel events, if any
 };
 
 class DeviceRecorder;
@@ -75,6 +79,8 @@ class Recording {
   nlohmann::json status() const;
   const RecordingOptions& options() const { return opts_; }
   int64_t start_ns() const { return start_ns_; }
+  // What the recording goes on without (kernel events it could not load).
+  const std::vector<std::string>& warnings() const { return warnings_; }
 
   // Host collector thread.
   void on_host_sources(const std::vector<perfq::TraceSource>& sources);
@@ -94,6 +100,8 @@ class Recording {
  private:
   explicit Recording(const RecordingOptions& opts);
   void writer_main();
+  void kernel_main();
+  nlohmann::json kernel_status() const;
   perfq::Status write_side_queue();
 
   RecordingOptions opts_;
@@ -102,6 +110,17 @@ class Recording {
   std::unique_ptr<perfq::TraceWriter> writer_;
   Merger merger_;
   std::vector<std::unique_ptr<DeviceRecorder>> devices_;
+  std::vector<std::string> warnings_;
+
+  // Kernel events (none when not asked for or not available).
+  std::unique_ptr<KernelEvents> kernel_;
+  std::string kernel_error_;
+  Merger::Input* kernel_input_ = nullptr;
+  std::thread kernel_thread_;
+  std::atomic<bool> kernel_stop_{false};
+  std::atomic<uint64_t> kernel_records_{0}, kernel_dropped_{0};
+  mutable std::mutex kernel_mu_;       // guards traced_pids_
+  std::vector<uint32_t> traced_pids_;  // registered applications traced so far
 
   // Host input (host collector thread).
   Merger::Input* host_input_ = nullptr;

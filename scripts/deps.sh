@@ -28,6 +28,11 @@ PACKAGES=(
   # looks up; the QEMU guest gets a copy of pci.ids too.
   libpci-dev
   pci.ids
+  # Host kernel events in perfq-daemon: a CO-RE BPF program (clang -target
+  # bpf), its libbpf skeleton (bpftool) and libbpf.
+  clang
+  bpftool
+  libbpf-dev
   # The driver and its QEMU scenarios: the guest kernel, its headers, the
   # emulator and what the initramfs is built from.
   linux-image-amd64

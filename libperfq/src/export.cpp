@@ -85,6 +85,25 @@ class Names {
   void set_metadata(const TraceMetadata& m) {
     meta_ = m;
     cache_.clear();
+    thread_of_tid_.clear();
+    for (const auto& s : m.sources)
+      for (const auto& t : s.threads) thread_of_tid_[t.tid] = {s.id, t.stream};
+  }
+  // The host application thread (source, stream) with kernel thread id tid.
+  const std::pair<uint16_t, uint16_t>* thread_of_tid(uint32_t tid) const {
+    auto it = thread_of_tid_.find(tid);
+    return it == thread_of_tid_.end() ? nullptr : &it->second;
+  }
+  const TraceThread* thread(uint16_t source, uint16_t stream) const {
+    const TraceSource* s = meta_.find_source(source);
+    if (!s) return nullptr;
+    for (const auto& t : s->threads)
+      if (t.stream == stream) return &t;
+    return nullptr;
+  }
+  bool is_kernel(uint16_t id) const {
+    const TraceSource* s = meta_.find_source(id);
+    return s && s->kind == TraceSourceKind::kKernel;
   }
   const TraceMetadata& metadata() const { return meta_; }
   const Info& event(uint16_t source, uint32_t ev) {
@@ -114,6 +133,7 @@ class Names {
  private:
   TraceMetadata meta_;
   std::unordered_map<uint64_t, Info> cache_;
+  std::unordered_map<uint32_t, std::pair<uint16_t, uint16_t>> thread_of_tid_;
 };
 
 std::string json_escape(std::string_view s) {
@@ -199,7 +219,7 @@ class ChromeExport : public TraceVisitor {
       emit(fmt::format("{{\"name\":\"process_name\",\"cat\":\"__metadata\",\"ph\":\"M\",\"ts\":0,"
                        "\"pid\":{},\"tid\":0,\"args\":{{\"name\":\"{}\"}}}}",
                        names_.pid(s.id),
-                       json_escape((s.kind == TraceSourceKind::kDevice ? "device " : "host ") + s.name)));
+                       json_escape(std::string(trace_source_kind_name(s.kind)) + " " + s.name)));
     }
     return out_.write(buf_);
   }
@@ -352,7 +372,7 @@ class PerfettoExport : public TraceVisitor {
       if (!procs_.insert(s.id).second) continue;
       Pb pd;
       pd.u64(pf::kPdPid, names_.pid(s.id));
-      pd.bytes(pf::kPdName, (s.kind == TraceSourceKind::kDevice ? "device " : "host ") + s.name);
+      pd.bytes(pf::kPdName, std::string(trace_source_kind_name(s.kind)) + " " + s.name);
       Pb td;
       td.u64(pf::kTdUuid, process_uuid(s.id));
       td.msg(pf::kTdProcess, pd);
@@ -405,26 +425,35 @@ class PerfettoExport : public TraceVisitor {
     }
     Pb td;
     td.u64(pf::kTdUuid, stream_uuid(s, st));
-    if (names_.is_device(s)) {
+    if (names_.is_device(s) || names_.is_kernel(s)) {
       td.u64(pf::kTdParent, process_uuid(s));
-      td.bytes(pf::kTdName, fmt::format("queue {}", st));
+      td.bytes(pf::kTdName, names_.is_device(s) ? fmt::format("queue {}", st) : fmt::format("cpu {}", st));
     } else {
-      // Host threads: stream ids are not kernel tids; a synthetic tid keeps
-      // them apart across processes.
+      // Host threads: their kernel tid and name when the trace has them
+      // (then kernel events of the thread land on its track); otherwise a
+      // synthetic tid keeps streams apart across processes.
       Pb th;
+      const TraceThread* t = names_.thread(s, st);
       th.u64(pf::kThPid, names_.pid(s));
-      th.u64(pf::kThTid, names_.pid(s) * 100000ull % 0x7fffffff + st);
-      th.bytes(pf::kThName, fmt::format("thread {}", st));
+      th.u64(pf::kThTid, t && t->tid ? t->tid : names_.pid(s) * 100000ull % 0x7fffffff + st);
+      th.bytes(pf::kThName, t && !t->name.empty() ? t->name : fmt::format("thread {}", st));
       td.msg(pf::kTdThread, th);
     }
     descriptor(td);
   }
 
   void record(const TraceRecord& r) {
-    const uint16_t s = r.source;
-    const uint16_t st = r.rec.stream;
-    ensure_stream(s, st);
+    uint16_t s = r.source;
+    uint16_t st = r.rec.stream;
     const auto& ev = names_.event(s, r.rec.event);
+    if (names_.is_kernel(s)) {
+      // A kernel event of an application thread goes on that thread's track.
+      if (const auto* th = names_.thread_of_tid(static_cast<uint32_t>(r.rec.arg))) {
+        s = th->first;
+        st = th->second;
+      }
+    }
+    ensure_stream(s, st);
     Pb te;
     switch (r.kind()) {
       case PERFQ_KIND_BEGIN: te.u64(pf::kTeType, pf::kSliceBegin); break;

@@ -68,6 +68,7 @@ struct App {
   bool connected = true;  // under mu
   bool changed = true;    // dictionary not yet taken; under mu
   std::vector<TraceEventInfo> events;  // under mu
+  std::vector<TraceThread> threads;    // every ring's thread so far; under mu
   // id -> registered; replaced (never modified) under mu, read by drain.
   std::shared_ptr<const std::vector<uint8_t>> known;
   std::vector<std::shared_ptr<Ring>> rings;  // under mu
@@ -183,6 +184,8 @@ struct HostApps::Impl {
     ring->source = app->source;
     ring->stream = static_cast<uint16_t>(app->next_stream++);
     ring->pid = app->pid;
+    app->threads.push_back({ring->stream, tid, thread_name});
+    app->changed = true;
     ring->app = app->name;
     ring->hdr->version = PERFQ_ABI_VERSION;
     ring->hdr->stream = ring->stream;
@@ -527,6 +530,7 @@ std::vector<TraceSource> HostApps::take_changed_sources() {
     s.name = a->name;
     s.pid = a->pid;
     s.events = a->events;
+    s.threads = a->threads;
     out.push_back(std::move(s));
   }
   return out;

@@ -10,6 +10,7 @@
 
 #include <fmt/format.h>
 
+#include "perfq/kernel_events.h"
 #include "perfq/sync.h"
 #include "job_roles.h"
 
@@ -217,7 +218,19 @@ struct StreamState {
 struct Job {
   int64_t t[4] = {};
   uint8_t mask = 0;
+  uint32_t tid = 0;            // the submitting thread, 0 if unknown
+  int64_t off_at_submit = 0;   // its off-CPU total at the submit
 };
+
+// A thread's time off the CPU so far, from its sched_switch out/in events
+// (in time order).  Before its first event it is taken to be running.
+struct ThreadSched {
+  int64_t off_total = 0;
+  int64_t off_since = -1;  // switched out at, -1 while running
+  int64_t woken_at = -1;   // its last wakeup while switched out
+  int64_t off_at(int64_t t) const { return off_total + (off_since >= 0 && t > off_since ? t - off_since : 0); }
+};
+constexpr size_t kWorstOffCpu = 10;
 
 // How --resync converts one device's times: the piecewise offline model, or
 // one linear model from a custom (or fallback) fit.
@@ -233,6 +246,14 @@ class Analyzer : public TraceVisitor {
   Status on_metadata(const TraceMetadata& m) override {
     r_.metadata = m;
     evinfo_.clear();  // a later chunk may redefine a source's dictionary
+    tid_of_.clear();
+    sched_ = false;
+    for (const auto& s : m.sources) {
+      for (const auto& th : s.threads) tid_of_[stream_key(s.id, th.stream)] = th.tid;
+      if (s.kind == TraceSourceKind::kKernel && s.id == PERFQ_KERNEL_SOURCE && s.find_event(PERFQ_KEV_SCHED_OUT))
+        sched_ = true;
+    }
+    r_.jobs.off_cpu.available = r_.jobs.off_cpu.available || (sched_ && !tid_of_.empty());
     return Status::ok();
   }
 
@@ -325,6 +346,10 @@ class Analyzer : public TraceVisitor {
     r_.jobs.submit_to_start = lat_[0].summary();
     r_.jobs.start_to_end = lat_[1].summary();
     r_.jobs.end_to_complete = lat_[2].summary();
+    r_.jobs.off_cpu.off_cpu = off_cpu_.summary();
+    std::sort(worst_.begin(), worst_.end(),
+              [](const ReportOffCpuJob& a, const ReportOffCpuJob& b) { return a.off_cpu_ns > b.off_cpu_ns; });
+    r_.jobs.off_cpu.worst = worst_;
   }
 
  private:
@@ -423,14 +448,85 @@ class Analyzer : public TraceVisitor {
       default:
         break;
     }
-    if (role != kNoRole) job(role, rec.arg, t);
+    if (sched_) sched_event(in, t);
+    if (role != kNoRole) job(role, rec.arg, t, in.source, rec.stream);
   }
 
-  void job(JobRole role, uint64_t id, int64_t t) {
+  // Scheduler state of the threads, from their switch events; any sign of
+  // life of a thread (its own record, syscall or uprobe) also ends a time
+  // off the CPU: a switch-in the kernel did not deliver.  It is then taken
+  // to have run from its last wakeup (an off-CPU time that is a lower bound).
+  void sched_event(const TraceRecord& in, int64_t t) {
+    const perfq_record& rec = in.rec;
+    uint32_t tid = 0;
+    bool alive = false;
+    if (in.source == PERFQ_KERNEL_SOURCE) {
+      tid = static_cast<uint32_t>(rec.arg);
+      ThreadSched& ts = sched_of_[tid];
+      switch (rec.event) {
+        case PERFQ_KEV_SCHED_OUT:
+          if (ts.off_since < 0) {
+            ts.off_since = t;
+            ts.woken_at = -1;
+          }
+          return;
+        case PERFQ_KEV_SCHED_IN:
+          if (ts.off_since >= 0) {
+            ts.off_total += std::max<int64_t>(0, t - ts.off_since);
+            ts.off_since = -1;
+          }
+          return;
+        case PERFQ_KEV_SCHED_WAKEUP:
+          if (ts.off_since >= 0) ts.woken_at = t;
+          return;
+        default:
+          alive = true;  // a syscall or uprobe runs in the thread
+      }
+    } else {
+      auto it = tid_of_.find(stream_key(in.source, rec.stream));
+      if (it == tid_of_.end()) return;
+      tid = it->second;
+      alive = true;
+    }
+    auto it = sched_of_.find(tid);
+    if (!alive || it == sched_of_.end() || it->second.off_since < 0) return;
+    ThreadSched& ts = it->second;
+    const int64_t ran_from = std::min(t, std::max(ts.off_since, ts.woken_at));
+    ts.off_total += std::max<int64_t>(0, ran_from - ts.off_since);
+    ts.off_since = -1;
+    ++r_.jobs.off_cpu.inferred_switch_ins;
+  }
+
+  void job(JobRole role, uint64_t id, int64_t t, uint16_t source, uint16_t stream) {
     Job& j = jobs_[id];
     j.t[role] = t;
     j.mask |= static_cast<uint8_t>(1u << role);
+    if (role == 0 && sched_) {
+      auto it = tid_of_.find(stream_key(source, stream));
+      if (it != tid_of_.end()) {
+        j.tid = it->second;
+        j.off_at_submit = sched_of_[j.tid].off_at(t);
+      }
+    }
     if (j.mask != 0xf) return;
+    if (j.tid != 0) {
+      // Records come in time order: the thread's total now, less at submit.
+      const int64_t off = sched_of_[j.tid].off_at(std::max(t, j.t[3])) - j.off_at_submit;
+      auto& oc = r_.jobs.off_cpu;
+      ++oc.jobs;
+      if (off > 0) {
+        ++oc.jobs_off_cpu;
+        off_cpu_.add(off);
+        const ReportOffCpuJob w{id, j.tid, off, j.t[3] - j.t[0]};
+        if (worst_.size() < kWorstOffCpu) {
+          worst_.push_back(w);
+        } else {
+          auto min = std::min_element(worst_.begin(), worst_.end(),
+                                      [](const auto& a, const auto& b) { return a.off_cpu_ns < b.off_cpu_ns; });
+          if (min->off_cpu_ns < off) *min = w;
+        }
+      }
+    }
     ++job_count_;
     lat_[0].add(j.t[1] - j.t[0]);
     lat_[1].add(j.t[2] - j.t[1]);
@@ -453,6 +549,12 @@ class Analyzer : public TraceVisitor {
   std::unordered_map<uint64_t, Job> jobs_;
   uint64_t job_count_ = 0;
   LatencyHistogram lat_[3];
+  // Off-CPU time of the submitting threads (kernel sched events).
+  bool sched_ = false;
+  std::unordered_map<uint32_t, uint32_t> tid_of_;  // stream_key(source, stream) -> tid
+  std::unordered_map<uint32_t, ThreadSched> sched_of_;
+  LatencyHistogram off_cpu_;
+  std::vector<ReportOffCpuJob> worst_;
 };
 
 // First pass of --resync: every sync sample, grouped by device.
@@ -558,7 +660,7 @@ std::string source_name(const TraceReport& r, uint16_t id) {
 
 const char* source_kind(const TraceReport& r, uint16_t id) {
   const TraceSource* s = r.metadata.find_source(id);
-  return s && s->kind == TraceSourceKind::kDevice ? "device" : "host";
+  return s ? trace_source_kind_name(s->kind) : "host";
 }
 
 }  // namespace
@@ -578,7 +680,7 @@ std::string report_to_json(const TraceReport& r) {
   ordered_json sources = ordered_json::array();
   for (const auto& s : r.metadata.sources) {
     ordered_json src = {{"id", s.id},
-                        {"kind", s.kind == TraceSourceKind::kDevice ? "device" : "host"},
+                        {"kind", trace_source_kind_name(s.kind)},
                         {"name", s.name},
                         {"pci_address", s.pci_address},
                         {"link", s.link}};
@@ -663,6 +765,17 @@ std::string report_to_json(const TraceReport& r) {
                {"submit_to_start_ns", dist_json(r.jobs.submit_to_start)},
                {"start_to_end_ns", dist_json(r.jobs.start_to_end)},
                {"end_to_complete_ns", dist_json(r.jobs.end_to_complete)}};
+  if (r.jobs.off_cpu.available) {
+    ordered_json worst = ordered_json::array();
+    for (const auto& w : r.jobs.off_cpu.worst)
+      worst.push_back({{"corr_id", w.corr_id}, {"tid", w.tid}, {"off_cpu_ns", w.off_cpu_ns},
+                       {"latency_ns", w.latency_ns}});
+    j["off_cpu"] = {{"jobs", r.jobs.off_cpu.jobs},
+                    {"jobs_off_cpu", r.jobs.off_cpu.jobs_off_cpu},
+                    {"off_cpu_ns", dist_json(r.jobs.off_cpu.off_cpu)},
+                    {"inferred_switch_ins", r.jobs.off_cpu.inferred_switch_ins},
+                    {"worst", worst}};
+  }
   j["causality_violations"] = r.causality_violations;
   return j.dump(2, ' ', false, ordered_json::error_handler_t::replace) + "\n";
 }
@@ -747,6 +860,14 @@ std::string report_to_text(const TraceReport& r) {
   line(fmt::format("  submit->start   {}", dist_text(r.jobs.submit_to_start)));
   line(fmt::format("  start->end      {}", dist_text(r.jobs.start_to_end)));
   line(fmt::format("  end->complete   {}", dist_text(r.jobs.end_to_complete)));
+  if (r.jobs.off_cpu.available) {
+    const auto& oc = r.jobs.off_cpu;
+    line(fmt::format("  submitting thread off-CPU during {} of {} jobs: {}", oc.jobs_off_cpu, oc.jobs,
+                     dist_text(oc.off_cpu)));
+    for (const auto& w : oc.worst)
+      line(fmt::format("    job {:#x} (tid {}): off-CPU {:.1f} us of {:.1f} us", w.corr_id, w.tid,
+                       static_cast<double>(w.off_cpu_ns) / 1e3, static_cast<double>(w.latency_ns) / 1e3));
+  }
   line(fmt::format("causality violations  {}", r.causality_violations));
   return o;
 }

@@ -104,7 +104,7 @@ std::string trace_metadata_to_json(const TraceMetadata& m) {
   for (const auto& s : m.sources) {
     json js;
     js["id"] = s.id;
-    js["kind"] = s.kind == TraceSourceKind::kDevice ? "device" : "host";
+    js["kind"] = trace_source_kind_name(s.kind);
     js["name"] = s.name;
     js["pid"] = s.pid;
     js["pci_address"] = s.pci_address;
@@ -117,6 +117,13 @@ std::string trace_metadata_to_json(const TraceMetadata& m) {
     json events = json::array();
     for (const auto& e : s.events) events.push_back({{"event", e.event}, {"kind", e.kind}, {"name", e.name}});
     js["events"] = std::move(events);
+    // Added with kernel events; absent in older traces.
+    if (!s.threads.empty()) {
+      json threads = json::array();
+      for (const auto& t : s.threads)
+        threads.push_back({{"stream", t.stream}, {"tid", t.tid}, {"name", t.name}});
+      js["threads"] = std::move(threads);
+    }
     sources.push_back(std::move(js));
   }
   j["sources"] = std::move(sources);
@@ -145,7 +152,10 @@ Result<TraceMetadata> trace_metadata_from_json(const std::string& text) {
       for (const auto& js : j.at("sources")) {
         TraceSource s;
         s.id = js.at("id").get<uint16_t>();
-        s.kind = js.value("kind", "host") == "device" ? TraceSourceKind::kDevice : TraceSourceKind::kHost;
+        const std::string kind = js.value("kind", "host");
+        s.kind = kind == "device"   ? TraceSourceKind::kDevice
+                 : kind == "kernel" ? TraceSourceKind::kKernel
+                                    : TraceSourceKind::kHost;
         s.name = js.value("name", "");
         s.pid = js.value("pid", 0u);
         s.pci_address = js.value("pci_address", "");
@@ -164,6 +174,11 @@ Result<TraceMetadata> trace_metadata_from_json(const std::string& text) {
                                 je.at("name").get<std::string>()});
           }
         }
+        if (js.contains("threads")) {
+          for (const auto& jt : js.at("threads"))
+            s.threads.push_back({jt.at("stream").get<uint16_t>(), jt.at("tid").get<uint32_t>(),
+                                 jt.value("name", "")});
+        }
         m.sources.push_back(std::move(s));
       }
     }
@@ -177,6 +192,15 @@ Result<TraceMetadata> trace_metadata_from_json(const std::string& text) {
   } catch (const json::exception& e) {
     return Status(Errc::kCorrupt, std::string("metadata: ") + e.what());
   }
+}
+
+const char* trace_source_kind_name(TraceSourceKind k) {
+  switch (k) {
+    case TraceSourceKind::kHost: return "host";
+    case TraceSourceKind::kDevice: return "device";
+    case TraceSourceKind::kKernel: return "kernel";
+  }
+  return "host";
 }
 
 const char* record_kind_name(uint16_t kind) {

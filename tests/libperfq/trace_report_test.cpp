@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <nlohmann/json.hpp>
 
+#include "perfq/kernel_events.h"
 #include "perfq/report.h"
 #include "perfq/trace_synth.h"
 
@@ -353,6 +354,99 @@ TEST_CASE("report: losses by LOST records, loss chunks and index gaps", "[report
   CHECK(j["lost"]["device"] == 8);
   CHECK(j["lost"]["host"] == 12);
   CHECK(j["lost"]["streams"].size() == 3);
+}
+
+// Kernel sched events (source "kernel", arg = value << 32 | tid) and an
+// application whose stream 0 is tid 4242: per job, the time its submitting
+// thread spent switched out between submit and complete.  Also read back:
+// the kernel source kind and the threads of the metadata.
+TEST_CASE("report: per job, how long the submitting thread was off-CPU", "[report]") {
+  TempDir dir("report");
+  const std::string path = dir.file("offcpu.pq");
+  TraceMetadata meta;
+  TraceSource app;
+  app.id = 256;
+  app.name = "app";
+  app.pid = 4240;
+  app.events = {{1, PERFQ_KIND_INSTANT, "job_submit"}, {2, PERFQ_KIND_INSTANT, "job_complete"}};
+  app.threads = {{0, 4242, "job-0"}, {1, 4243, "job-1"}};
+  TraceSource dev;
+  dev.id = 1;
+  dev.kind = TraceSourceKind::kDevice;
+  dev.name = "accel";
+  dev.events = {{1, PERFQ_KIND_INSTANT, "job_start"}, {2, PERFQ_KIND_INSTANT, "job_end"}};
+  TraceSource kern;
+  kern.id = PERFQ_KERNEL_SOURCE;
+  kern.kind = TraceSourceKind::kKernel;
+  kern.name = "kernel";
+  kern.events = {{PERFQ_KEV_SCHED_OUT, PERFQ_KIND_INSTANT, "sched_switch_out"},
+                 {PERFQ_KEV_SCHED_IN, PERFQ_KIND_INSTANT, "sched_switch_in"},
+                 {PERFQ_KEV_SCHED_WAKEUP, PERFQ_KIND_INSTANT, "sched_wakeup"}};
+  meta.sources = {app, dev, kern};
+  std::vector<TraceRecord> recs;
+  uint64_t index[3] = {};
+  auto add = [&](uint16_t source, uint16_t stream, uint32_t event, int64_t t, uint64_t arg) {
+    TraceRecord r;
+    r.source = source;
+    r.rec.index = index[source == 256 ? 0 : source == 1 ? 1 : 2]++;
+    r.rec.event = event;
+    r.rec.stream = stream;
+    r.rec.flags = PERFQ_FLAGS(PERFQ_KIND_INSTANT, PERFQ_CLOCK_HOST);
+    r.rec.time = static_cast<uint64_t>(t);
+    r.rec.arg = arg;
+    r.time_ns = t;
+    recs.push_back(r);
+  };
+  auto sched = [&](uint32_t ev, int64_t t, uint32_t tid) { add(PERFQ_KERNEL_SOURCE, 0, ev, t, tid); };
+  // Job 7 on tid 4242: submit 1000, complete 5000; out 1500..2500 and
+  // 3000..3200, and out again at 4100, woken at 4300, with no switch-in
+  // delivered: its job_complete at 5000 shows it running, from its wakeup
+  // on (200 ns more).
+  add(256, 0, 1, 1000, 7);
+  sched(PERFQ_KEV_SCHED_OUT, 1500, 4242);
+  add(1, 0, 1, 1600, 7);
+  add(1, 0, 2, 2000, 7);
+  sched(PERFQ_KEV_SCHED_IN, 2500, 4242);
+  sched(PERFQ_KEV_SCHED_OUT, 3000, 4242);
+  sched(PERFQ_KEV_SCHED_OUT, 3000, 4243);  // another thread: not counted
+  sched(PERFQ_KEV_SCHED_IN, 3200, 4242);
+  sched(PERFQ_KEV_SCHED_OUT, 4100, 4242);
+  sched(PERFQ_KEV_SCHED_WAKEUP, 4300, 4242);
+  add(256, 0, 2, 5000, 7);
+  sched(PERFQ_KEV_SCHED_IN, 6000, 4242);  // not switched out: nothing to end
+  // Job 8 on tid 4242 (8000..9000): never switched out.
+  add(256, 0, 1, 8000, 8);
+  add(1, 0, 1, 8100, 8);
+  add(1, 0, 2, 8200, 8);
+  add(256, 0, 2, 9000, 8);
+  {
+    auto w = TraceWriter::open(path, meta);
+    REQUIRE(w.is_ok());
+    REQUIRE(w->append_records(recs).is_ok());
+    REQUIRE(w->close().is_ok());
+  }
+  auto r = analyze_trace(path);
+  REQUIRE(r.is_ok());
+  const TraceSource* k = r->metadata.find_source(PERFQ_KERNEL_SOURCE);
+  REQUIRE(k);
+  CHECK(k->kind == TraceSourceKind::kKernel);
+  REQUIRE(r->metadata.find_source(256));
+  CHECK(r->metadata.find_source(256)->threads == app.threads);
+  CHECK(r->jobs.count == 2);
+  const ReportOffCpu& oc = r->jobs.off_cpu;
+  CHECK(oc.available);
+  CHECK(oc.jobs == 2);
+  CHECK(oc.jobs_off_cpu == 1);
+  CHECK(oc.inferred_switch_ins == 1);
+  REQUIRE(oc.worst.size() == 1);
+  CHECK(oc.worst[0].corr_id == 7);
+  CHECK(oc.worst[0].tid == 4242);
+  CHECK(oc.worst[0].off_cpu_ns == 1000 + 200 + 200);
+  CHECK(oc.worst[0].latency_ns == 4000);
+  auto j = nlohmann::json::parse(report_to_json(r.value()));
+  CHECK(j["off_cpu"]["jobs_off_cpu"] == 1);
+  CHECK(j["off_cpu"]["worst"][0]["off_cpu_ns"] == 1400);
+  CHECK(report_to_text(r.value()).find("off-CPU during 1 of 2 jobs") != std::string::npos);
 }
 
 TEST_CASE("report: a torn trace is reported with what came before", "[report]") {

@@ -27,6 +27,18 @@
 #include "perfq/perfq.hpp"
 #include "perfq/transport.h"
 
+// Every job submit goes through this plain C function, so that a uprobe can
+// see it without changing code, as people watch a driver library's submit
+// call: `perfqctl start --uprobe $(which perfq-demo-app):perfq_demo_submit`
+// (entry: the job's correlation id, low 32 bits; return: 1 when the device
+// took the job).  noipa: never inlined, cloned or folded away.
+extern "C" __attribute__((noipa)) int perfq_demo_submit(uint64_t corr_id,
+                                                       perfq::HostJobChannel* ch,
+                                                       const perfq_job* job) {
+  (void)corr_id;
+  return ch->submit(*job) ? 1 : 0;
+}
+
 namespace perfq {
 namespace {
 
@@ -48,6 +60,7 @@ struct HostEvents {
 
 struct ThreadResult {
   uint64_t submitted = 0, completed = 0, unknown = 0;
+  uint64_t submit_calls = 0;  // perfq_demo_submit() calls, taken or not
   std::vector<uint64_t> latency_ns;
   std::string error;
 };
@@ -74,7 +87,8 @@ void run_thread(const JobQueue& q, unsigned t, uint64_t count, const Options& o,
       const perfq_job job{prefix | (res.submitted + 1), static_cast<uint64_t>(o.job_us * 1000),
                           now, 0};
       instant(ev.submit, job.corr_id);
-      if (!ch->submit(job)) break;
+      ++res.submit_calls;
+      if (!perfq_demo_submit(job.corr_id, &*ch, &job)) break;
       submit_time.emplace(job.corr_id, now);
       ++res.submitted;
       progress = true;
@@ -149,13 +163,14 @@ int run(const Options& o) {
   for (auto& th : threads) th.join();
   const double elapsed = static_cast<double>(monotonic_ns() - start) / 1e9;
 
-  uint64_t submitted = 0, completed = 0, unknown = 0;
+  uint64_t submitted = 0, completed = 0, unknown = 0, submit_calls = 0;
   std::vector<uint64_t> lat;
   int rc = 0;
   for (auto& r : results) {
     submitted += r.submitted;
     completed += r.completed;
     unknown += r.unknown;
+    submit_calls += r.submit_calls;
     lat.insert(lat.end(), r.latency_ns.begin(), r.latency_ns.end());
     if (!r.error.empty()) {
       std::fprintf(stderr, "perfq-demo-app: %s\n", r.error.c_str());
@@ -167,6 +182,8 @@ int run(const Options& o) {
   nlohmann::json out = {{"submitted", submitted},
                         {"completed", completed},
                         {"unknown_completions", unknown},
+                        {"submit_calls", submit_calls},
+                        {"pid", getpid()},
                         {"threads", o.threads},
                         {"elapsed_s", elapsed},
                         {"latency_ns", {{"p50", percentile(lat, 50)}, {"p99", percentile(lat, 99)}}},

@@ -135,6 +135,24 @@ double dbl(const json& j, const char* k) {
   return j.contains(k) && j[k].is_number() ? j[k].get<double>() : 0.0;
 }
 
+// The kernel events line of a status or stop summary (nothing when off).
+void print_kernel(const json& s) {
+  if (!s.contains("kernel") || !s["kernel"].is_object()) return;
+  const json& k = s["kernel"];
+  const std::string state = k.value("state", "off");
+  if (state == "off") return;
+  if (state == "unavailable") {
+    std::printf("  kernel events: unavailable: %s\n", k.value("error", "?").c_str());
+    return;
+  }
+  std::string pids;
+  if (k.contains("traced_pids"))
+    for (const auto& p : k["traced_pids"]) pids += (pids.empty() ? "" : ",") + p.dump();
+  std::printf("  kernel events (%s): %llu records, %llu dropped; traced pids %s\n", state.c_str(),
+              static_cast<unsigned long long>(u64(k, "records")),
+              static_cast<unsigned long long>(u64(k, "dropped")), pids.empty() ? "none yet" : pids.c_str());
+}
+
 void print_summary(const json& s) {
   std::printf("trace %s: %llu records, %s in %.1f s%s\n", s.value("output", "?").c_str(),
               static_cast<unsigned long long>(u64(s, "records")),
@@ -163,6 +181,7 @@ void print_summary(const json& s) {
     std::printf("  host: %zu thread stream(s), %llu records, %llu lost\n", s["host_streams"].size(),
                 static_cast<unsigned long long>(recs), static_cast<unsigned long long>(lost));
   }
+  print_kernel(s);
   if (s.contains("error")) std::printf("  error: %s\n", s["error"].get<std::string>().c_str());
 }
 
@@ -196,6 +215,9 @@ struct StartOptions {
   unsigned sync_interval_ms = 0;
   std::string sync_mode;
   bool no_wait = false;
+  std::string kernel_events;          // "sched,syscalls"
+  std::vector<uint32_t> pids;         // traced besides the registered applications
+  std::vector<std::string> uprobes;   // PATH:SYMBOL
 };
 
 int run_start(const Common& o, const StartOptions& s) {
@@ -209,8 +231,24 @@ int run_start(const Common& o, const StartOptions& s) {
   if (s.duration > 0) req["duration_s"] = s.duration;
   if (s.sync_interval_ms) req["sync_interval_ms"] = s.sync_interval_ms;
   if (!s.sync_mode.empty()) req["sync_mode"] = s.sync_mode;
+  if (!s.kernel_events.empty()) req["kernel_events"] = s.kernel_events;
+  if (!s.pids.empty()) req["pids"] = s.pids;
+  std::vector<std::string> uprobes;
+  for (const auto& u : s.uprobes) {
+    // The daemon resolves PATH in its own file system: make it absolute.
+    const auto colon = u.rfind(':');
+    if (colon == std::string::npos || colon == 0)
+      return fail("start", "--uprobe " + u + ": expected PATH:SYMBOL");
+    std::error_code uec;
+    const auto p = std::filesystem::absolute(u.substr(0, colon), uec);
+    uprobes.push_back((uec ? u.substr(0, colon) : p.lexically_normal().string()) + u.substr(colon));
+  }
+  if (!uprobes.empty()) req["uprobes"] = uprobes;
   json r = c.request(req);
   if (!r.value("ok", false)) return fail("start", r.value("error", "failed"));
+  if (r.contains("warnings") && !o.json_out)
+    for (const auto& w : r["warnings"])
+      if (w.is_string()) std::fprintf(stderr, "perfqctl start: warning: %s\n", w.get<std::string>().c_str());
   if (s.duration <= 0 || s.no_wait) {
     if (o.json_out)
       std::printf("%s\n", r.dump().c_str());
@@ -303,6 +341,7 @@ int run_status(const Common& o) {
                   h.value("app", "?").c_str(), h.value("source", 0), h.value("stream", 0),
                   static_cast<unsigned long long>(u64(h, "records")), dbl(h, "rate_per_s"),
                   static_cast<unsigned long long>(u64(h, "lost")));
+    print_kernel(rec);
   }
   for (const auto& s : r["app_streams"])
     std::printf("  ring: app %s pid %u thread %s (tid %u): %llu records, %llu lost, fill %llu/%llu%s\n",
@@ -472,6 +511,18 @@ void add_control_commands(CLI::App& app, int& exit_code) {
   start->add_option("--sync-mode", s->sync_mode,
                     "a: the host converts device times; b: the device does (default: the daemon's)")
       ->check(CLI::IsMember({"a", "b"}));
+  start->add_option("--kernel-events", s->kernel_events,
+                    "Also record host kernel events with BPF, for the registered applications "
+                    "and --pid processes: sched (switches, wakeups), syscalls, or both "
+                    "(sched,syscalls). Needs a daemon with CAP_BPF+CAP_PERFMON (root); without, "
+                    "the recording goes on without them and says so");
+  start->add_option("--pid", s->pids,
+                    "With --kernel-events or --uprobe: also trace this process (repeatable)")
+      ->allow_extra_args(false);
+  start->add_option("--uprobe", s->uprobes,
+                    "Record entry and return of a function in any binary, PATH:SYMBOL "
+                    "(repeatable; every process running it, or only the --pid ones)")
+      ->allow_extra_args(false);
   start->add_flag("--no-wait", s->no_wait, "With --duration: return at once");
   start->add_flag("--json", o->json_out, "Print the daemon's reply as JSON");
   add_socket_option(start, *o);

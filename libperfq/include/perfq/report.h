@@ -126,12 +126,34 @@ struct ReportPair {
   LatencyStats duration;
 };
 
+// Where the trace has scheduler events (perfqctl start --kernel-events
+// sched): per complete job, how long the thread that recorded job_submit
+// was switched out between the job's submit and complete.
+struct ReportOffCpuJob {
+  uint64_t corr_id = 0;
+  uint32_t tid = 0;
+  int64_t off_cpu_ns = 0;
+  int64_t latency_ns = 0;  // submit to complete
+};
+struct ReportOffCpu {
+  bool available = false;    // the trace has sched events and thread ids
+  uint64_t jobs = 0;         // complete jobs whose submitting thread is known
+  uint64_t jobs_off_cpu = 0; // of those, jobs during which it was off-CPU
+  LatencyStats off_cpu;      // over the jobs_off_cpu jobs
+  // Switch-ins the kernel did not deliver: a thread was seen running (its
+  // record, syscall or uprobe) while switched out; it is taken to have run
+  // from its last wakeup.
+  uint64_t inferred_switch_ins = 0;
+  std::vector<ReportOffCpuJob> worst;  // the longest off-CPU times, longest first
+};
+
 struct ReportJobs {
   uint64_t count = 0;       // jobs with all four of submit/start/end/complete
   uint64_t incomplete = 0;  // correlation ids seen without all four
   LatencyStats submit_to_start;
   LatencyStats start_to_end;
   LatencyStats end_to_complete;
+  ReportOffCpu off_cpu;
 };
 
 struct TraceReport {

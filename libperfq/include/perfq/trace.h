@@ -59,7 +59,19 @@ inline constexpr uint16_t kChunkFlagZstd = 1;  // payload is one zstd frame
 // ---------------------------------------------------------------------------
 // TraceMetadata
 
-enum class TraceSourceKind : uint8_t { kHost = 0, kDevice = 1 };
+// kKernel: the host kernel's events (perfq-daemon's BPF collector, see
+// perfq/kernel_events.h), one stream per CPU, host clock.
+enum class TraceSourceKind : uint8_t { kHost = 0, kDevice = 1, kKernel = 2 };
+const char* trace_source_kind_name(TraceSourceKind k);
+
+// A thread of a host application: its stream (ring) and kernel thread id,
+// so kernel events (by tid) line up with the thread's own records.
+struct TraceThread {
+  uint16_t stream = 0;
+  uint32_t tid = 0;
+  std::string name;
+  bool operator==(const TraceThread&) const = default;
+};
 
 struct TraceEventInfo {
   uint32_t event = 0;
@@ -82,6 +94,7 @@ struct TraceSource {
   uint64_t clock_hz = 0;     // device: nominal rate of its clock D
   uint64_t timer_hz = 0;     // device: nominal rate of its timer register R (0: unknown)
   std::vector<TraceEventInfo> events;  // the source's event dictionary
+  std::vector<TraceThread> threads;    // host application: its threads so far
   bool operator==(const TraceSource&) const = default;
 
   const TraceEventInfo* find_event(uint32_t event) const;
@@ -176,7 +189,8 @@ bool operator==(const TraceClockModel& a, const TraceClockModel& b);
 // Records a stream lost that cannot show up in the records themselves
 // (e.g. pushes refused by a full host ring that never got an index).
 enum class TraceLossReason : uint32_t { kUnknown = 0, kHostRingFull = 1, kDeviceQueueFull = 2,
-                                   kSharedQueueFull = 3, kInvalidRecord = 4 };
+                                   kSharedQueueFull = 3, kInvalidRecord = 4,
+                                   kKernelBufferFull = 5 };
 struct TraceLoss {
   uint16_t source = 0;
   uint16_t stream = 0;
