@@ -12,6 +12,7 @@
 #include <sstream>
 
 #include "perfq/export.h"
+#include "perfq/kernel_events.h"
 #include "perfq/trace_synth.h"
 
 #include "test_util.h"
@@ -186,6 +187,73 @@ TEST_CASE("export perfetto: protoc decodes it with no unknown fields", "[export]
     INFO(l);
     REQUIRE(!std::regex_search(l, unknown));
   }
+}
+
+// Kernel events (perfq-daemon --kernel-events) of an application thread go
+// on that thread's track, which carries the thread's real tid and name;
+// those of other threads on a track per CPU.
+TEST_CASE("export perfetto: kernel events land on their thread's track", "[export]") {
+  require_tool("protoc", "protobuf-compiler");
+  TempDir dir("export");
+  const std::string in = dir.file("kev.pq");
+  TraceMetadata meta;
+  TraceSource app;
+  app.id = 256;
+  app.name = "app";
+  app.pid = 4240;
+  app.events = {{1, PERFQ_KIND_INSTANT, "job_submit"}};
+  app.threads = {{0, 4242, "job-0"}};
+  TraceSource kern;
+  kern.id = PERFQ_KERNEL_SOURCE;
+  kern.kind = TraceSourceKind::kKernel;
+  kern.name = "kernel";
+  kern.events = {{PERFQ_KEV_SCHED_OUT, PERFQ_KIND_INSTANT, "sched_switch_out"},
+                 {PERFQ_KEV_SCHED_IN, PERFQ_KIND_INSTANT, "sched_switch_in"},
+                 {PERFQ_KEV_SYSCALL_ENTER, PERFQ_KIND_INSTANT, "syscall_enter"}};
+  meta.sources = {app, kern};
+  std::vector<TraceRecord> recs;
+  auto add = [&](uint16_t source, uint16_t stream, uint32_t event, int64_t t, uint64_t arg) {
+    TraceRecord r;
+    r.source = source;
+    r.rec.index = recs.size();
+    r.rec.event = event;
+    r.rec.stream = stream;
+    r.rec.flags = PERFQ_FLAGS(PERFQ_KIND_INSTANT, PERFQ_CLOCK_HOST);
+    r.rec.time = static_cast<uint64_t>(t);
+    r.rec.arg = arg;
+    r.time_ns = t;
+    recs.push_back(r);
+  };
+  add(256, 0, 1, 1000, 7);
+  add(PERFQ_KERNEL_SOURCE, 0, PERFQ_KEV_SCHED_OUT, 1500, 4242);
+  add(PERFQ_KERNEL_SOURCE, 1, PERFQ_KEV_SYSCALL_ENTER, 1800, uint64_t{39} << 32 | 999);
+  add(PERFQ_KERNEL_SOURCE, 1, PERFQ_KEV_SCHED_IN, 2500, 4242);
+  {
+    auto w = TraceWriter::open(in, meta);
+    REQUIRE(w.is_ok());
+    REQUIRE(w->append_records(recs).is_ok());
+    REQUIRE(w->close().is_ok());
+  }
+  REQUIRE(export_trace(in, TraceExportFormat::kPerfetto, dir.file("out.pftrace")).is_ok());
+  const std::string cmd = std::string("protoc --proto_path=") + PERFQ_TEST_DATA_DIR +
+                          " --decode=perfetto.protos.Trace perfetto_trace.proto < " +
+                          dir.file("out.pftrace") + " > " + dir.file("decoded.txt") + " 2> " +
+                          dir.file("protoc.err");
+  INFO(slurp(dir.file("protoc.err")));
+  REQUIRE(sh(cmd) == 0);
+  const std::string text = slurp(dir.file("decoded.txt"));
+  INFO(text);
+  std::smatch m;
+  static const std::regex thread_track(R"(uuid: (\d+)\s+thread \{\s+pid: 4240\s+tid: 4242\s+thread_name: "job-0")");
+  REQUIRE(std::regex_search(text, m, thread_track));
+  const std::string uuid = m[1];
+  size_t on_thread = 0;
+  const std::regex ev_track(R"(track_uuid: (\d+))");
+  for (auto it = std::sregex_iterator(text.begin(), text.end(), ev_track); it != std::sregex_iterator(); ++it)
+    on_thread += (*it)[1] == uuid;
+  CHECK(on_thread == 3);  // job_submit, sched_switch_out, sched_switch_in
+  CHECK(text.find("name: \"cpu 1\"") != std::string::npos);  // tid 999's syscall
+  CHECK(text.find("name: \"cpu 0\"") == std::string::npos);
 }
 
 TEST_CASE("export ctf: babeltrace2 reads every event with its name and time", "[export]") {
