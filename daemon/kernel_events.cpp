@@ -146,6 +146,11 @@ struct KernelEvents::Impl {
         ret ? skel->progs.pq_uprobe_return : skel->progs.pq_uprobe_entry, pid, path.c_str(), 0, &uo);
     if (!l) {
       const int err = errno;
+      const bool have_uprobes = ::access("/sys/bus/event_source/devices/uprobe/type", R_OK) == 0;
+      if (!have_uprobes)
+        return Status(Errc::kUnavailable,
+                      fmt::format("uprobe '{}': this kernel has no uprobe event source "
+                                  "(/sys/bus/event_source/devices/uprobe)", spec));
       if (err == ENOENT || err == ESRCH)
         return Status(Errc::kNotFound,
                       fmt::format("uprobe '{}': no function '{}' in {} (is the binary stripped?)",

@@ -561,6 +561,9 @@ Result<std::unique_ptr<Recording>> Recording::start(const RecordingOptions& o) {
 
   if (o.kernel.any()) {
     auto k = KernelEvents::open(o.kernel);
+    // A uprobe on a function that is not there is the request's fault: refused.
+    if (!k && (k.status().code() == Errc::kNotFound || k.status().code() == Errc::kInvalidArgument))
+      return Status(k.status().code(), "kernel events: " + k.status().message());
     if (!k) {
       // Said once, here; the recording goes on with everything else.
       rec->kernel_error_ = k.status().message();

@@ -851,6 +851,33 @@ TEST_CASE("daemon: kernel events line up with a traced app's own records; a upro
   CHECK(rj["off_cpu"]["jobs_off_cpu"].get<uint64_t>() > 0);
 }
 
+TEST_CASE("daemon: kernel event requests that cannot be right are refused with the reason",
+          "[daemon][process][bpf]") {
+  TempDir dir("daemon-kev-bad");
+  Daemon d(dir);
+  const std::string trace = dir.file("bad.trace");
+  auto refused = [&](std::vector<std::string> args, const std::string& why) {
+    std::vector<std::string> a = {"start", "-o", trace};
+    a.insert(a.end(), args.begin(), args.end());
+    auto c = ctl(d, a);
+    INFO("perfqctl " << args.front() << ": " << c->out() << c->err());
+    CHECK(c->exit_code() != 0);
+    CHECK(c->err().find(why) != std::string::npos);
+    CHECK(access(trace.c_str(), F_OK) != 0);
+  };
+  refused({"--kernel-events", "sched,bogus"}, "unknown kernel event class 'bogus'");
+  refused({"--pid", "1"}, "give one of them too");
+  refused({"--uprobe", dir.file("nowhere") + ":f"}, "is not a file");
+  refused({"--uprobe", kBin + "/perfq-demo-app"}, "expected PATH:SYMBOL");
+  if (geteuid() == 0 && perfqd::kernel_events_built())
+    refused({"--uprobe", kBin + "/perfq-demo-app:no_such_function_here"},
+            "no function 'no_such_function_here'");
+  // The daemon is still there, and a good start works.
+  auto st = ctl(d, {"start", "-o", trace});
+  CHECK(st->exit_code() == 0);
+  CHECK(ctl(d, {"stop"})->exit_code() == 0);
+}
+
 TEST_CASE("daemon: an unprivileged daemon reports what kernel events need and records the rest",
           "[daemon][process][bpf]") {
   TestUser u;
