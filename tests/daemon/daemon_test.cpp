@@ -698,7 +698,7 @@ std::map<uint32_t, uint16_t> app_threads(const TraceContent& t, uint16_t* app_so
   return out;
 }
 
-TEST_CASE("daemon: kernel events line up with a traced app's own records; a uprobe counts "
+TEST_CASE("daemon: kernel events line up with a traced app's own records, and a uprobe counts "
           "every call",
           "[daemon][process][bpf]") {
   if (geteuid() != 0) {
