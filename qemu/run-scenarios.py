@@ -335,6 +335,32 @@ class Run:
             self.check(jobs.get("count", 0) == demo["completed"],
                        f"every demo-app job is correlated host<->device: {jobs.get('count')} of "
                        f"{demo['completed']}")
+        # Kernel events (BPF in the guest kernel): the app's threads were
+        # switched out and in, and the uprobe fired once per submit call.
+        counts = {}
+        for e in r.get("events", []):
+            if e.get("source_name") == "kernel":
+                counts[e["name"]] = counts.get(e["name"], 0) + e["count"]
+        self.check(counts.get("sched_switch_out", 0) > 0 and counts.get("sched_switch_in", 0) > 0
+                   and counts.get("syscall_enter", 0) > 0,
+                   f"kernel events of the demo app: {counts}")
+        if demo and "submit_calls" in demo:
+            self.check(counts.get("uprobe:perfq_demo_submit") == demo["submit_calls"]
+                       and counts.get("uretprobe:perfq_demo_submit") == demo["submit_calls"],
+                       f"the uprobe fired once per perfq_demo_submit call: "
+                       f"{counts.get('uprobe:perfq_demo_submit')} entries, "
+                       f"{counts.get('uretprobe:perfq_demo_submit')} returns, "
+                       f"{demo['submit_calls']} calls")
+            off = r.get("off_cpu", {})
+            # The guest's kernel delivers every switch: no record of a thread
+            # falls while it was switched out.
+            self.check(off.get("records_while_off") == 0,
+                       f"the app's records line up with its threads' switches "
+                       f"({off.get('records_while_off')} records while switched out, "
+                       f"{off.get('inferred_switch_ins')} switch-ins inferred)")
+            self.check(off.get("jobs") == demo.get("completed"),
+                       f"the report knows the submitting thread of every job: off_cpu "
+                       f"{json.dumps(off)[:300]}")
         sync = r.get("sync", {})
         self.check(sync.get("samples", 0) > 0 and "uncertainty_ns" in sync,
                    f"sync: {sync.get('samples')} samples, {sync.get('models')} models, offset "

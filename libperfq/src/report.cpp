@@ -495,6 +495,7 @@ class Analyzer : public TraceVisitor {
     ts.off_total += std::max<int64_t>(0, ran_from - ts.off_since);
     ts.off_since = -1;
     ++r_.jobs.off_cpu.inferred_switch_ins;
+    if (in.source != PERFQ_KERNEL_SOURCE) ++r_.jobs.off_cpu.records_while_off;
   }
 
   void job(JobRole role, uint64_t id, int64_t t, uint16_t source, uint16_t stream) {
@@ -774,6 +775,7 @@ std::string report_to_json(const TraceReport& r) {
                     {"jobs_off_cpu", r.jobs.off_cpu.jobs_off_cpu},
                     {"off_cpu_ns", dist_json(r.jobs.off_cpu.off_cpu)},
                     {"inferred_switch_ins", r.jobs.off_cpu.inferred_switch_ins},
+                    {"records_while_off", r.jobs.off_cpu.records_while_off},
                     {"worst", worst}};
   }
   j["causality_violations"] = r.causality_violations;

@@ -438,6 +438,7 @@ TEST_CASE("report: per job, how long the submitting thread was off-CPU", "[repor
   CHECK(oc.jobs == 2);
   CHECK(oc.jobs_off_cpu == 1);
   CHECK(oc.inferred_switch_ins == 1);
+  CHECK(oc.records_while_off == 1);  // the job_complete at 5000
   REQUIRE(oc.worst.size() == 1);
   CHECK(oc.worst[0].corr_id == 7);
   CHECK(oc.worst[0].tid == 4242);

@@ -144,6 +144,9 @@ struct ReportOffCpu {
   // record, syscall or uprobe) while switched out; it is taken to have run
   // from its last wakeup.
   uint64_t inferred_switch_ins = 0;
+  // Of those, the ones an application record revealed: a record of a thread
+  // while it was switched out (0 when the timeline lines up).
+  uint64_t records_while_off = 0;
   std::vector<ReportOffCpuJob> worst;  // the longest off-CPU times, longest first
 };
 

@@ -25,7 +25,12 @@ if [ -x /bin/perfq-daemon ]; then
   done
   send_file /tmp/devices.json devices.json
   send_file /tmp/devices-all.json devices-all.json
-  check "perfqctl start" perfqctl --socket $SOCK start -o /tmp/t.trace
+  # Kernel events too: the guest's Debian kernel has BTF, the BPF program
+  # was built against the build machine's (CO-RE relocates it).
+  check "perfqctl start" perfqctl --socket $SOCK start -o /tmp/t.trace --kernel-events sched,syscalls \
+    --uprobe /bin/perfq-demo-app:perfq_demo_submit 2>/tmp/start.err
+  sed 's/^/start: /' /tmp/start.err
+  check "kernel events load in the guest kernel" test ! -s /tmp/start.err
 else
   mode=record
   fail "no perfq-daemon in the guest (it is part of every build): recording with 'perfqctl record' to see the rest"
