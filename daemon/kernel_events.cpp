@@ -96,7 +96,7 @@ struct KernelEvents::Impl {
   kevents* skel = nullptr;
   ring_buffer* rb = nullptr;
   std::vector<bpf_link*> links;
-  std::vector<TraceRecord>* out = nullptr;  // poll()'s, while it runs
+  std::vector<perfq_kevent> batch;          // poll()'s, in ring order
   std::vector<uint64_t> next_index;         // per CPU stream
   int ncpus = 1;
 
@@ -111,18 +111,33 @@ struct KernelEvents::Impl {
     if (size < sizeof(perfq_kevent)) return 0;
     perfq_kevent e;
     std::memcpy(&e, data, sizeof(e));
-    if (e.cpu >= self->next_index.size()) self->next_index.resize(e.cpu + 1u, 0);
+    self->batch.push_back(e);
+    return 0;
+  }
+
+  // Ring order is reservation order: an interrupt between a program's
+  // reservation and its clock read can put a later time first on a CPU.
+  // Indexes follow time order within each CPU's stream.
+  void convert(std::vector<TraceRecord>& out) {
+    std::stable_sort(batch.begin(), batch.end(), [](const perfq_kevent& a, const perfq_kevent& b) {
+      return a.cpu != b.cpu ? a.cpu < b.cpu : a.time < b.time;
+    });
+    for (const auto& e : batch) convert_one(e, out);
+    batch.clear();
+  }
+
+  void convert_one(const perfq_kevent& e, std::vector<TraceRecord>& out) {
+    if (e.cpu >= next_index.size()) next_index.resize(e.cpu + 1u, 0);
     TraceRecord tr;
     tr.source = PERFQ_KERNEL_SOURCE;
-    tr.rec.index = self->next_index[e.cpu]++;
+    tr.rec.index = next_index[e.cpu]++;
     tr.rec.event = e.event;
     tr.rec.stream = e.cpu;
     tr.rec.flags = PERFQ_FLAGS(PERFQ_KIND_INSTANT, PERFQ_CLOCK_HOST);
     tr.rec.time = e.time;
     tr.rec.arg = static_cast<uint64_t>(static_cast<uint32_t>(e.value)) << 32 | e.tid;
     tr.time_ns = static_cast<int64_t>(e.time);
-    self->out->push_back(tr);
-    return 0;
+    out.push_back(tr);
   }
 
   Status attach(bpf_program* prog, const char* what) {
@@ -251,13 +266,12 @@ Status KernelEvents::trace_pid(uint32_t tgid) {
 }
 
 Result<size_t> KernelEvents::poll(std::vector<TraceRecord>& out, int timeout_ms) {
-  impl_->out = &out;
   const size_t before = out.size();
   // The program wakes the collector only when the buffer fills up; the
   // timeout is the usual way in, then everything waiting is consumed.
   int n = ring_buffer__poll(impl_->rb, timeout_ms);
   if (n >= 0 || n == -EINTR) n = ring_buffer__consume(impl_->rb);
-  impl_->out = nullptr;
+  impl_->convert(out);
   if (n < 0 && n != -EINTR)
     return Status(Errc::kIo, fmt::format("BPF ring buffer: {}", std::strerror(-n)));
   return out.size() - before;

@@ -7,7 +7,8 @@
 #                    runs with an offset and a drift the host must find
 #   perfq-daemon     drains the device and the instrumented applications,
 #                    synchronizes the clocks, writes the merged trace
-#   perfqctl start   starts a recording; perfqctl stop ends it
+#   perfqctl start   starts a recording (with the host kernel's events of the
+#                    app, when run as root); perfqctl stop ends it
 #   perfq-demo-app   submits jobs to the device's job queue from two threads,
 #                    recording job_submit / job_complete through libperfq
 #   perfqctl report  the analysis of the merged trace
@@ -51,9 +52,13 @@ for _ in $(seq 100); do
 done
 "$BIN/perfqctl" --socket "$SOCKET" devices
 
-step "perfqctl start -o $TRACE"
+# Host kernel events too (BPF: needs root; otherwise perfqctl says so and
+# the recording goes on without them): the app's threads' switches and
+# syscalls, and a uprobe on the function it submits jobs through.
+step "perfqctl start -o $TRACE --kernel-events sched,syscalls --uprobe perfq-demo-app:perfq_demo_submit"
 rm -f "$TRACE"
-"$BIN/perfqctl" --socket "$SOCKET" start -o "$TRACE"
+"$BIN/perfqctl" --socket "$SOCKET" start -o "$TRACE" --kernel-events sched,syscalls \
+  --uprobe "$BIN/perfq-demo-app:perfq_demo_submit"
 
 step "running the demo application: jobs from two host threads (a few seconds)"
 "$BIN/perfq-demo-app" --device "shm:$REGION" --socket "$SOCKET" --jobs $((DURATION * 4000)) \
