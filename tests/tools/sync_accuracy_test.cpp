@@ -261,7 +261,10 @@ TEST_CASE("sync accuracy: no jitter, large negative offset, drift", "[sync][e2e]
   REQUIRE(o.err_ns.size() > 1000);
   CHECK(o.failed_rounds <= o.rounds / 10);
   if (kSanitized) {
-    CHECK(pct(o.err_ns, 99) < 50'000);
+    // Several times slower: rounds are often loose, and so is the model,
+    // which must say so; where it claims to be tight, it is.
+    CHECK(o.over_claim <= o.err_ns.size() / 200);
+    if (!saturated(o)) check_online(o, 20'000, 50'000);
     return;
   }
   CHECK(o.over_claim <= o.err_ns.size() / 200);
@@ -283,7 +286,8 @@ TEST_CASE("sync accuracy: 3 us jitter, huge positive offset, negative drift",
   report("3us jitter", o);
   REQUIRE(o.err_ns.size() > 1000);
   if (kSanitized) {
-    CHECK(pct(o.err_ns, 99) < 100'000);
+    CHECK(o.over_claim <= o.err_ns.size() / 200);
+    if (!saturated(o)) check_online(o, 20'000, 100'000);
     return;
   }
   CHECK(o.over_claim <= o.err_ns.size() / 200);
