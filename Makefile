@@ -7,6 +7,9 @@
 #   make demo     build and run the demonstration
 #   make bench    build and run the benchmarks (figures in build/bench/results.json)
 #   make deps     install the Debian packages perfq needs (only what is missing)
+#   make install  install into PREFIX (default /usr/local), under DESTDIR if set
+#   make uninstall  remove what make install put there
+#   make deb      build the Debian packages perfq and perfq-dkms into build/deb/
 # Every target installs missing packages first, so a fresh Debian 12 machine
 # needs nothing but this Makefile.
 
@@ -16,13 +19,15 @@ BUILD_TSAN  ?= build-tsan
 GENERATOR   ?= Ninja
 CMAKE_ARGS  ?=
 JOBS        ?= $(shell nproc)
+PREFIX      ?= /usr/local
+DESTDIR     ?=
 
-.PHONY: all build deps asan tsan test qemu-test qemu-shell demo bench clean help
+.PHONY: all build deps asan tsan test qemu-test qemu-shell demo bench clean help install uninstall deb
 
 all: build
 
 help:
-	@sed -n '2,12p' Makefile | sed 's/^# \{0,1\}//'
+	@sed -n '2,15p' Makefile | sed 's/^# \{0,1\}//'
 
 deps:
 	@scripts/deps.sh
@@ -60,6 +65,19 @@ demo: build
 
 bench: build
 	@scripts/bench.py --build $(BUILD) --out $(BUILD)/bench/results.json
+
+# The build folder's install prefix follows PREFIX (nothing recompiles); the
+# list of installed files is kept for make uninstall.
+install: build
+	cmake -S . -B $(BUILD) -DCMAKE_INSTALL_PREFIX=$(PREFIX) >/dev/null
+	DESTDIR="$(DESTDIR)" cmake --install $(BUILD)
+	@cp $(BUILD)/install_manifest.txt $(BUILD)/perfq-installed.txt
+
+uninstall:
+	@DESTDIR="$(DESTDIR)" scripts/uninstall.sh $(BUILD)
+
+deb: build
+	@scripts/make-deb.sh $(BUILD)
 
 clean:
 	rm -rf $(BUILD) $(BUILD_ASAN) $(BUILD_TSAN)

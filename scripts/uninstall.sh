@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Remove what `make install` put there, from the list it kept.
+#   scripts/uninstall.sh BUILD_DIR
+# Files go, then the folders only perfq uses once empty (include/perfq,
+# lib/.../cmake/perfq, etc/perfq).  The perfq group stays: files on the system
+# may still belong to it (groupdel perfq removes it).
+set -euo pipefail
+list=${1:?usage: scripts/uninstall.sh BUILD_DIR}/perfq-installed.txt
+if [ ! -s "$list" ]; then
+  echo "perfq uninstall: $list not found: nothing was installed from this build folder" \
+       "(make install writes it)" >&2
+  exit 1
+fi
+removed=0
+dirs=()
+while IFS= read -r f; do
+  [ -n "$f" ] || continue
+  if [ -e "$f" ] || [ -L "$f" ]; then
+    rm -f -- "$f"
+    removed=$((removed + 1))
+  fi
+  d=$(dirname -- "$f")
+  case "$d" in */perfq) dirs+=("$d") ;; esac
+done <"$list"
+for d in $(printf '%s\n' "${dirs[@]}" | sort -u); do
+  rmdir --ignore-fail-on-non-empty -- "$d" 2>/dev/null || true
+done
+if [ -z "${DESTDIR:-}" ] && [ -d /run/systemd/system ] && command -v systemctl >/dev/null; then
+  systemctl daemon-reload || true
+fi
+rm -f -- "$list"
+echo "perfq uninstall: removed $removed files"
