@@ -42,6 +42,13 @@ PACKAGES=(
   cpio
   kmod
   python3
+  # Man pages and shell completion: scdoc builds the pages from man/*.scd,
+  # man-db and groff-base render them (tests/install/check-docs.sh), and
+  # bash-completion loads the installed perfqctl completion on first use.
+  scdoc
+  man-db
+  groff-base
+  bash-completion
 )
 
 missing=()
