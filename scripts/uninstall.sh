@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
 # Remove what `make install` put there, from the list it kept.
-#   scripts/uninstall.sh BUILD_DIR
+#   scripts/uninstall.sh BUILD_DIR     (its perfq-installed.txt)
+#   scripts/uninstall.sh LIST          a list of installed files
 # Files go, then the folders only perfq uses once empty (include/perfq,
 # lib/.../cmake/perfq, etc/perfq).  The perfq group stays: files on the system
 # may still belong to it (groupdel perfq removes it).
 set -euo pipefail
-list=${1:?usage: scripts/uninstall.sh BUILD_DIR}/perfq-installed.txt
+list=${1:?usage: scripts/uninstall.sh BUILD_DIR|LIST}
+[ -d "$list" ] && list=$list/perfq-installed.txt
 if [ ! -s "$list" ]; then
   echo "perfq uninstall: $list not found: nothing was installed from this build folder" \
        "(make install writes it)" >&2
@@ -13,7 +15,7 @@ if [ ! -s "$list" ]; then
 fi
 removed=0
 dirs=()
-while IFS= read -r f; do
+while IFS= read -r f || [ -n "$f" ]; do  # the manifest has no final newline
   [ -n "$f" ] || continue
   if [ -e "$f" ] || [ -L "$f" ]; then
     rm -f -- "$f"
