@@ -9,6 +9,8 @@
 #   make deps     install the Debian packages perfq needs (only what is missing)
 #   make install  install into PREFIX (default /usr/local), under DESTDIR if set
 #   make uninstall  remove what make install put there
+#   make install-dkms  perfq.ko through DKMS for every installed kernel
+#                   (make uninstall-dkms removes it)
 #   make deb      build the Debian packages perfq and perfq-dkms into build/deb/
 # Every target installs missing packages first, so a fresh Debian 12 machine
 # needs nothing but this Makefile.
@@ -22,12 +24,12 @@ JOBS        ?= $(shell nproc)
 PREFIX      ?= /usr/local
 DESTDIR     ?=
 
-.PHONY: all build deps asan tsan test qemu-test qemu-shell demo bench clean help install uninstall deb
+.PHONY: all build deps asan tsan test qemu-test qemu-shell demo bench clean help install uninstall install-dkms uninstall-dkms deb
 
 all: build
 
 help:
-	@sed -n '2,15p' Makefile | sed 's/^# \{0,1\}//'
+	@sed -n '2,17p' Makefile | sed 's/^# \{0,1\}//'
 
 deps:
 	@scripts/deps.sh
@@ -75,6 +77,12 @@ install: build
 
 uninstall:
 	@DESTDIR="$(DESTDIR)" scripts/uninstall.sh $(BUILD)
+
+install-dkms:
+	@scripts/install-dkms.sh
+
+uninstall-dkms:
+	@scripts/install-dkms.sh --remove
 
 deb: build
 	@scripts/make-deb.sh $(BUILD)
