@@ -42,6 +42,10 @@ PACKAGES=(
   cpio
   kmod
   python3
+  # The systemd QEMU scenario: a Debian rootfs (qemu/build-rootfs.sh) made
+  # into an ext4 image (mkfs.ext4 -d) per run.
+  debootstrap
+  e2fsprogs
 )
 
 missing=()
