@@ -87,12 +87,6 @@ INITRD_MODULES=(virtio_pci virtio_blk ahci sd_mod ext4 crc32c_generic)
 KEY=$({ printf '%s\n' "$SUITE" "${BASE[@]}" "${EXTRA[@]}" "${INITRD_MODULES[@]}"; cat "$SELF"; } |
   sha256sum | cut -c1-16)
 OUT=$CACHE/rootfs-$KEY
-if [ -f "$OUT/.perfq-rootfs-complete" ]; then
-  say "cached: $OUT"
-  echo "$OUT"
-  exit 0
-fi
-
 mkdir -p "$CACHE/debs"
 # Leftovers of interrupted builds (their process gone): never reused, removed.
 for old in "$CACHE"/.tmp-*; do
@@ -103,6 +97,12 @@ for old in "$CACHE"/.tmp-*; do
     rm -rf --one-file-system "$old"
   fi
 done
+if [ -f "$OUT/.perfq-rootfs-complete" ]; then
+  say "cached: $OUT"
+  echo "$OUT"
+  exit 0
+fi
+
 
 TMP=$CACHE/.tmp-$KEY-$$
 MOUNTS=()
@@ -115,7 +115,12 @@ cleanup() {
   if [ -n "${TMP:-}" ] && [ -d "$TMP" ]; then rm -rf --one-file-system "$TMP"; fi
 }
 trap cleanup EXIT
-trap 'exit 130' INT TERM
+# apt and dpkg finish what they do on Ctrl-C and may then exit 0, and bash
+# runs no trap for a child that did not die of the signal: remember it, and
+# check after each step (a half-installed rootfs is never kept).
+interrupted=
+trap 'interrupted=1' INT TERM
+step_done() { [ -z "$interrupted" ] || die "interrupted"; say "$1 after $(($(date +%s) - start)) s"; }
 mnt() { mount "$@"; MOUNTS+=("${!#}"); }
 
 start=$(date +%s)
@@ -125,7 +130,7 @@ debootstrap --variant=minbase --include="$include" --cache-dir="$CACHE/debs" \
   "$SUITE" "$TMP" "$MIRROR" >"$CACHE/debootstrap.log" 2>&1 || {
   tail -n 30 "$CACHE/debootstrap.log" >&2; [ -f "$TMP/debootstrap/debootstrap.log" ] &&
     tail -n 30 "$TMP/debootstrap/debootstrap.log" >&2; die "debootstrap failed"; }
-say "debootstrap done after $(($(date +%s) - start)) s"
+step_done "debootstrap done"
 
 cat >"$TMP/etc/apt/sources.list" <<EOF
 deb $MIRROR $SUITE main
@@ -157,13 +162,16 @@ in_root() { chroot "$TMP" /usr/bin/env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin \
 in_root apt-get update -qq >"$CACHE/apt.log" 2>&1 || { cat "$CACHE/apt.log" >&2; die "apt-get update failed"; }
 in_root apt-get install -y -q --no-install-recommends "${EXTRA[@]}" >>"$CACHE/apt.log" 2>&1 || {
   tail -n 40 "$CACHE/apt.log" >&2; die "apt-get install failed"; }
-say "packages installed after $(($(date +%s) - start)) s"
+! grep -q 'interrupted' "$CACHE/apt.log" || die "apt-get was interrupted"
+half=$(chroot "$TMP" dpkg-query -W -f='${db:Status-Abbrev} ${Package}\n' | grep -v '^ii ' || true)
+[ -z "$half" ] || die "packages not fully installed: $half"
+step_done "packages installed"
 for ((i = ${#MOUNTS[@]} - 1; i >= 0; i--)); do umount "${MOUNTS[i]}"; done
 MOUNTS=()
 
 # The guest, offline: no package lists, no policy-rc.d, root without a
 # password on the console, a hostname, the root disk in fstab.
-rm -rf "$TMP"/var/lib/apt/lists/* "$TMP/usr/sbin/policy-rc.d"
+rm -rf "$TMP"/var/lib/apt/lists/* "$TMP"/var/cache/apt/*.bin "$TMP/usr/sbin/policy-rc.d"
 chroot "$TMP" passwd -dq root
 echo perfq-guest >"$TMP/etc/hostname"
 printf '127.0.0.1 localhost\n127.0.1.1 perfq-guest\n' >"$TMP/etc/hosts"
@@ -174,6 +182,7 @@ ln -sf /lib/systemd/system/multi-user.target "$TMP/etc/systemd/system/default.ta
 [ -d "$TMP/lib/modules/$KVER/build" ] || die "no headers for $KVER in the rootfs"
 echo "$KVER" >"$TMP/.perfq-kver"
 
+step_done "rootfs configured"
 touch "$TMP/.perfq-rootfs-complete"
 rm -rf --one-file-system "$OUT"
 mv -T "$TMP" "$OUT"

@@ -66,7 +66,7 @@ if command -v perfqctl >/dev/null; then
   # More package checks go here (perfqctl start/stop, perfq-demo-app, a
   # trace sent back with send_file, host stop-devsim ...).
 else
-  info "perfq is not installed (no --debs): only the system was checked"
+  info "perfq is not installed (no perfqctl): only the system was checked"
 fi
 
 # ---- 3. the result
