@@ -54,7 +54,7 @@ info "perfq packages: $(dpkg-query -W -f='${Package} ${Version}; ' 'perfq*' 2>/d
 
 # ---- 2. the perfq packages, when installed
 if command -v perfqctl >/dev/null; then
-  show dkms dkms status
+  if command -v dkms >/dev/null; then show dkms sh -c 'dkms status 2>/dev/null'; fi
   check "systemctl start perfq-daemon" systemctl start perfq-daemon
   active=$(systemctl is-active perfq-daemon)
   check "perfq-daemon is active ($active)" [ "$active" = active ]
