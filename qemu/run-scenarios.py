@@ -5,6 +5,9 @@ ivshmem-plain device.
 
   qemu/run-scenarios.py [--build DIR] [--results FILE] [SCENARIO...]
   qemu/run-scenarios.py --shell          boot the guest interactively
+  qemu/run-scenarios.py --build DIR systemd [--debs FILE...]
+                                         Debian 12 with systemd as PID 1 from
+                                         a disk image, the .debs installed
 
 Each scenario boots its own guest (TCG; PERFQ_QEMU_ACCEL=kvm to try KVM)
 under `timeout`, waits for markers on the serial console, does what the
@@ -27,6 +30,11 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCENARIOS = ["load", "badinput", "e2e", "unplug"]
+# Scenarios that boot a Debian disk image (qemu/build-rootfs.sh) with systemd
+# as PID 1 instead of the busybox initramfs (qemu/build-guest.sh); run only
+# when named.
+IMAGE_SCENARIOS = ["systemd"]
+DEFAULT_TIMEOUT = {"systemd": 600}  # seconds per guest boot; others: 90
 REGION_SIZE = 4 << 20  # a power of two: it becomes the ivshmem BAR
 MAGIC = 0x4E47525146524550
 EXIT_PASS = (16 << 1) | 1  # isa-debug-exit: (value << 1) | 1
@@ -34,6 +42,17 @@ EXIT_PASS = (16 << 1) | 1  # isa-debug-exit: (value << 1) | 1
 
 def log(msg):
     print(f"qemu: {msg}", flush=True)
+
+
+def unmount_under(path):
+    """Unmount whatever is mounted at or below path (a chroot's /proc, /sys,
+    /dev binds left by an interrupted run), deepest first."""
+    path = os.path.realpath(path)
+    with open("/proc/mounts") as f:
+        points = [line.split()[1].replace("\\040", " ") for line in f]
+    for p in sorted((p for p in points if p == path or p.startswith(path + "/")), reverse=True):
+        if subprocess.run(["umount", p], stderr=subprocess.DEVNULL).returncode != 0:
+            subprocess.run(["umount", "-l", p], stderr=subprocess.DEVNULL)
 
 
 class Qmp:
@@ -105,6 +124,7 @@ class Run:
         self.bindir = os.path.join(args.build, "bin")
         self.qdir = os.path.join(args.build, "qemu")
         self.dir = os.path.join(self.qdir, "run", name)
+        unmount_under(self.dir)
         shutil.rmtree(self.dir, ignore_errors=True)
         os.makedirs(self.dir)
         self.shm = f"/dev/shm/perfq-qemu-{os.getpid()}-{name}"
@@ -163,16 +183,23 @@ class Run:
 
     # ---- the guest
 
-    def qemu_cmd(self, regions, append, interactive=False):
-        with open(os.path.join(self.qdir, "kernel")) as f:
-            kernel = f.read().strip()
+    def qemu_cmd(self, regions, append, interactive=False, kernel=None, initrd=None,
+                 memory="512M", disk=None):
+        """The QEMU command line: by default the busybox initramfs guest of
+        build-guest.sh; kernel/initrd/memory/disk (a raw image, virtio-blk)
+        for the disk image scenarios."""
+        if kernel is None:
+            with open(os.path.join(self.qdir, "kernel")) as f:
+                kernel = f.read().strip()
+        if initrd is None:
+            initrd = os.path.join(self.qdir, "initramfs.cpio")
         accel = os.environ.get("PERFQ_QEMU_ACCEL", "tcg")
-        cmd = ["qemu-system-x86_64", "-machine", f"q35,accel={accel}", "-m", "512M",
+        cmd = ["qemu-system-x86_64", "-machine", f"q35,accel={accel}", "-m", memory,
                "-smp", os.environ.get("PERFQ_QEMU_SMP", "2"), "-no-reboot",
                # No default NIC (its option ROM), VGA or drives: the firmware
                # has nothing to initialise but what we add.
                "-nodefaults", "-vga", "none",
-               "-kernel", kernel, "-initrd", os.path.join(self.qdir, "initramfs.cpio"),
+               "-kernel", kernel, "-initrd", initrd,
                "-append", f"console=ttyS0 quiet loglevel=4 panic=-1 {append}",
                "-device", "isa-debug-exit,iobase=0xf4,iosize=0x04",
                "-qmp", f"unix:{self.dir}/qmp.sock,server=on,wait=off"]
@@ -189,11 +216,14 @@ class Run:
                     "-object", f"memory-backend-file,id=mb{i},size={REGION_SIZE},"
                                f"mem-path={path},share=on",
                     "-device", f"ivshmem-plain,id=ivs{i},memdev=mb{i},bus=rp{i}"]
+        if disk:
+            cmd += ["-drive", f"file={disk},format=raw,if=virtio,cache=unsafe"]
         return cmd
 
-    def boot(self, regions, timeout):
+    def boot(self, regions, timeout, append="", **qemu):
+        self.timeout = timeout
         cmd = ["timeout", "--kill-after=5", str(timeout)] + \
-            self.qemu_cmd(regions, f"perfqtest={self.name}")
+            self.qemu_cmd(regions, f"{append} perfqtest={self.name}".strip(), **qemu)
         with open(os.path.join(self.dir, "qemu-cmd.txt"), "w") as f:
             f.write(" ".join(cmd) + "\n")
         self.t0 = time.monotonic()
@@ -221,7 +251,7 @@ class Run:
             if line is None:
                 break
             if time.monotonic() > deadline:
-                self.check(False, f"the guest did not finish within {self.args.timeout} s")
+                self.check(False, f"the guest did not finish within {self.timeout} s")
                 break
             if not line:
                 continue
@@ -426,10 +456,175 @@ class Run:
                        f"trace metadata: pci_address {srcs[0].get('pci_address')}")
 
 
+class Chroot:
+    """/proc, /sys, /dev and /dev/pts mounted in a root filesystem for the
+    `with` block, always unmounted after it (also on an exception, Ctrl-C or
+    SIGTERM)."""
+
+    def __init__(self, root):
+        self.root = root
+        self.mounts = []
+
+    def __enter__(self):
+        self.old_term = signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+        try:
+            for args, point in ((["-t", "proc", "proc"], "proc"), (["-t", "sysfs", "sysfs"], "sys"),
+                                (["--bind", "/dev"], "dev"), (["--bind", "/dev/pts"], "dev/pts")):
+                target = os.path.join(self.root, point)
+                os.makedirs(target, exist_ok=True)
+                subprocess.run(["mount", *args, target], check=True)
+                self.mounts.append(target)
+        except BaseException:
+            self.__exit__(None, None, None)
+            raise
+        return self
+
+    def run(self, argv, log_path):
+        env = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LC_ALL": "C",
+               "DEBIAN_FRONTEND": "noninteractive"}
+        with open(log_path, "ab") as f:
+            return subprocess.run(["chroot", self.root, *argv], env=env, stdin=subprocess.DEVNULL,
+                                  stdout=f, stderr=subprocess.STDOUT).returncode
+
+    def __exit__(self, *exc):
+        for target in reversed(self.mounts):
+            if subprocess.run(["umount", target], stderr=subprocess.DEVNULL).returncode != 0:
+                subprocess.run(["umount", "-l", target])
+        self.mounts = []
+        unmount_under(self.root)
+        signal.signal(signal.SIGTERM, self.old_term)
+        return False
+
+
+def rm_tree(path):
+    """rm -rf that never crosses into a mount (a chroot's /dev bind)."""
+    unmount_under(path)
+    subprocess.run(["rm", "-rf", "--one-file-system", path], check=False)
+
+
+def prepare_image(run, args):
+    """The disk of the systemd scenario: a copy of the cached Debian rootfs
+    (qemu/build-rootfs.sh), the --debs installed with dpkg -i in a chroot,
+    the guest test script and its unit, then an ext4 image (mkfs.ext4 -d).
+    Returns (kernel, initrd, image)."""
+    t = time.monotonic()
+    cmd = [os.path.join(ROOT, "qemu", "build-rootfs.sh")]
+    if args.rootfs_cache:
+        cmd += ["--cache", args.rootfs_cache]
+    r = subprocess.run(cmd, stdout=subprocess.PIPE, text=True)
+    lines = r.stdout.strip().splitlines()
+    if not run.check(r.returncode == 0 and lines, "the cached Debian rootfs (qemu/build-rootfs.sh)"):
+        return None
+    src = lines[-1]
+    root = os.path.join(run.dir, "rootfs")
+    rm_tree(root)
+    subprocess.run(["cp", "-a", "--reflink=auto", src, root], check=True)
+    with open(os.path.join(root, ".perfq-kver")) as f:
+        kver = f.read().strip()
+    log(f"  rootfs {src} copied in {time.monotonic() - t:.1f} s (kernel {kver})")
+
+    if args.debs:
+        t = time.monotonic()
+        debdir = os.path.join(root, "tmp", "perfq-debs")
+        os.makedirs(debdir, exist_ok=True)
+        names = []
+        for deb in args.debs:
+            names.append("/tmp/perfq-debs/" + os.path.basename(deb))
+            shutil.copy(deb, debdir)
+        # Nothing starts services inside the chroot (invoke-rc.d); systemctl
+        # itself knows it is in a chroot.
+        policy = os.path.join(root, "usr", "sbin", "policy-rc.d")
+        with open(policy, "w") as f:
+            f.write("#!/bin/sh\nexit 101\n")
+        os.chmod(policy, 0o755)
+        dpkg_log = os.path.join(run.dir, "dpkg.log")
+        with Chroot(root) as ch:
+            rc = ch.run(["dpkg", "-i", *names], dpkg_log)
+        os.unlink(policy)
+        shutil.rmtree(debdir)
+        with open(dpkg_log, errors="replace") as f:
+            tail = f.read().strip().splitlines()[-15:]
+        for line in tail if rc else []:
+            log(f"  dpkg| {line}")
+        if not run.check(rc == 0, f"dpkg -i {' '.join(map(os.path.basename, args.debs))} in the "
+                                  f"rootfs ({time.monotonic() - t:.1f} s; log {dpkg_log})"):
+            return None
+
+    # The test script and its unit, started once multi-user.target is up;
+    # no getty on the serial console (the test's output goes there).
+    gdir = os.path.join(ROOT, "qemu", "guest", "systemd")
+    os.makedirs(os.path.join(root, "usr/local/lib/perfq-test"), exist_ok=True)
+    shutil.copy(os.path.join(gdir, "perfq-systemd-test.sh"),
+                os.path.join(root, "usr/local/lib/perfq-test/perfq-systemd-test.sh"))
+    os.chmod(os.path.join(root, "usr/local/lib/perfq-test/perfq-systemd-test.sh"), 0o755)
+    units = os.path.join(root, "etc/systemd/system")
+    shutil.copy(os.path.join(gdir, "perfq-systemd-test.service"), units)
+    os.makedirs(os.path.join(units, "multi-user.target.wants"), exist_ok=True)
+    os.symlink("/etc/systemd/system/perfq-systemd-test.service",
+               os.path.join(units, "multi-user.target.wants", "perfq-systemd-test.service"))
+    os.symlink("/dev/null", os.path.join(units, "serial-getty@ttyS0.service"))
+    with open(os.path.join(root, "etc/fstab"), "w") as f:
+        f.write("/dev/vda / ext4 rw,errors=remount-ro 0 0\n")
+    with open(os.path.join(root, "etc/machine-id"), "w") as f:
+        f.write("")  # a fresh one each boot (systemd-machine-id-setup)
+
+    kernel = os.path.join(run.dir, f"vmlinuz-{kver}")
+    initrd = os.path.join(run.dir, f"initrd.img-{kver}")
+    shutil.copy(os.path.join(root, "boot", f"vmlinuz-{kver}"), kernel)
+    shutil.copy(os.path.join(root, "boot", f"initrd.img-{kver}"), initrd)
+
+    t = time.monotonic()
+    used = int(subprocess.run(["du", "-sxb", root], capture_output=True, text=True,
+                              check=True).stdout.split()[0])
+    size_mb = used * 13 // 10 // (1 << 20) + 512
+    image = os.path.join(run.dir, "disk.img")
+    with open(image, "wb") as f:
+        f.truncate(size_mb << 20)
+    r = subprocess.run(["mkfs.ext4", "-q", "-F", "-L", "perfq-root", "-d", root, image],
+                       capture_output=True, text=True)
+    rm_tree(root)
+    if not run.check(r.returncode == 0, f"mkfs.ext4 -d: a {size_mb} MiB image of "
+                                        f"{used >> 20} MiB in {time.monotonic() - t:.1f} s "
+                                        f"{r.stderr.strip()[:200]}"):
+        return None
+    return kernel, initrd, image
+
+
+def run_systemd(run, args, timeout):
+    """Debian 12 booted from a disk image, systemd as PID 1, the --debs
+    installed; the same ivshmem region and perfq-devsim as e2e."""
+    if not run.check(os.geteuid() == 0, "running as root (chroot, mounts)"):
+        return
+    if not run.check(all(os.path.isfile(d) for d in args.debs),
+                     f"the --debs exist: {' '.join(args.debs) or 'none given'}"):
+        return
+    t = time.monotonic()
+    prepared = prepare_image(run, args)
+    if not prepared:
+        return
+    kernel, initrd, image = prepared
+    log(f"  image ready in {time.monotonic() - t:.1f} s")
+    run.make_region(run.shm)
+    run.start_devsim(run.shm)
+    run.boot([run.shm], timeout, append="root=/dev/vda rw", kernel=kernel, initrd=initrd,
+             memory="1G", disk=image)
+    result, rc = run.serve(time.monotonic() + timeout + 5)
+    run.check(result is not None and result.split()[2:3] == ["PASS"],
+              f"guest reports: {result or 'nothing'}")
+    run.check(rc == EXIT_PASS, f"QEMU exit status {rc} (isa-debug-exit pass is {EXIT_PASS})")
+    run.stop_devsim()
+    files = run.files()
+    log(f"  files from the guest: {', '.join(sorted(files)) or 'none'} (in {run.dir})")
+
+
 def run_scenario(args, name):
     run = Run(args, name)
     log(f"--- scenario {name}")
+    timeout = args.timeout or DEFAULT_TIMEOUT.get(name, 90)
     try:
+        if name == "systemd":
+            run_systemd(run, args, timeout)
+            return finish_scenario(run, name)
         regions = []
         if name in ("load", "badinput", "e2e", "unplug"):
             run.make_region(run.shm)
@@ -438,8 +633,8 @@ def run_scenario(args, name):
         if name == "badinput":
             run.make_region(run.shm + "-bad", good=False)
             regions.append(run.shm + "-bad")
-        run.boot(regions, args.timeout)
-        result, rc = run.serve(time.monotonic() + args.timeout + 5)
+        run.boot(regions, timeout)
+        result, rc = run.serve(time.monotonic() + timeout + 5)
         run.check(result is not None and result.split()[2:3] == ["PASS"],
                   f"guest reports: {result or 'nothing'}")
         run.check(rc == EXIT_PASS, f"QEMU exit status {rc} (isa-debug-exit pass is {EXIT_PASS})")
@@ -471,6 +666,11 @@ def run_scenario(args, name):
         run.check(False, f"runner error: {e!r}")
     finally:
         run.cleanup()
+    return finish_scenario(run, name)
+
+
+def finish_scenario(run, name):
+    run.cleanup()
     ok = all(c[0] for c in run.checks) and bool(run.checks)
     elapsed = getattr(run, "elapsed", 0.0)
     log(f"{'PASS' if ok else 'FAIL'} {name} ({elapsed:.1f} s in the guest; logs in {run.dir})")
@@ -481,14 +681,25 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--build", default=os.path.join(ROOT, "build"), help="build folder (bin/ inside)")
     ap.add_argument("--results", help="write PASS/FAIL lines here")
-    ap.add_argument("--timeout", type=int, default=90, help="seconds per guest boot")
+    ap.add_argument("--timeout", type=int, help="seconds per guest boot (default 90; systemd 600)")
     ap.add_argument("--shell", action="store_true", help="boot the guest interactively")
     ap.add_argument("--no-build", action="store_true", help="reuse the built guest")
+    ap.add_argument("--debs", nargs="+", action="extend", default=[], metavar="FILE",
+                    help="systemd scenario: .deb files to dpkg -i into the guest\n"
+                         "(name the scenarios before --debs, or end the list with --)")
+    ap.add_argument("--rootfs-cache", help="systemd scenario: build-rootfs.sh --cache DIR")
     ap.add_argument("scenarios", nargs="*", default=SCENARIOS)
     args = ap.parse_args()
     args.build = os.path.abspath(args.build)
+    # `--debs a.deb systemd`: a scenario name swallowed by --debs is a scenario.
+    named = [d for d in args.debs if d in SCENARIOS + IMAGE_SCENARIOS and not os.path.exists(d)]
+    if named:
+        args.scenarios = ([] if args.scenarios == SCENARIOS else args.scenarios) + named
+    args.debs = [os.path.abspath(d) for d in args.debs if d not in named]
+    # The busybox guest (perfq.ko, initramfs) only for the scenarios that boot it.
+    need_guest = args.shell or any(s not in IMAGE_SCENARIOS for s in args.scenarios)
 
-    if not args.no_build:
+    if not args.no_build and need_guest:
         r = subprocess.run([os.path.join(ROOT, "qemu", "build-guest.sh"), args.build])
         if r.returncode != 0:
             log("building the guest failed")

@@ -49,6 +49,16 @@ PACKAGES=(
   man-db
   groff-base
   bash-completion
+  # The systemd QEMU scenario: a Debian rootfs (qemu/build-rootfs.sh) made
+  # into an ext4 image (mkfs.ext4 -d) per run.
+  debootstrap
+  e2fsprogs
+  # The Debian packages (make deb): debhelper, dh_dkms, and lintian to check
+  # them; dkms builds perfq.ko from them (make install-dkms).
+  debhelper
+  dh-dkms
+  lintian
+  dkms
 )
 
 missing=()
