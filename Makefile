@@ -1,8 +1,9 @@
 # perfq — one front door to the CMake build.
 #   make          build everything into build/ (bin/ holds the programs)
-#   make test     build, then run every test: the normal build, ASan+UBSan, TSan
-#                 and the QEMU scenarios (perfq.ko in a Debian guest)
-#   make qemu-test  build, then run only the QEMU scenarios
+#   make test     build, then run every test: the normal build, ASan+UBSan, TSan,
+#                 the Debian packages (lintian) and the QEMU scenarios (perfq.ko
+#                 in a Debian guest; the packages in one with systemd as PID 1)
+#   make qemu-test  build, then run only the packages and the QEMU scenarios
 #   make qemu-shell boot the QEMU guest interactively (driver and tools inside)
 #   make demo     build and run the demonstration
 #   make bench    build and run the benchmarks (figures in build/bench/results.json)
@@ -29,7 +30,7 @@ DESTDIR     ?=
 all: build
 
 help:
-	@sed -n '2,17p' Makefile | sed 's/^# \{0,1\}//'
+	@sed -n '2,18p' Makefile | sed 's/^# \{0,1\}//'
 
 deps:
 	@scripts/deps.sh
@@ -50,14 +51,30 @@ tsan: deps
 	$(call cmake_build,$(BUILD_TSAN),-DCMAKE_BUILD_TYPE=RelWithDebInfo -DPERFQ_SANITIZE=thread -DPERFQ_BUILD_BENCH=OFF)
 
 QEMU_RESULTS = $(BUILD)/qemu/results.txt
+DEB_RESULTS  = $(BUILD)/deb/results.txt
+DEBS         = $(BUILD)/deb/perfq_$(VERSION)_amd64.deb $(BUILD)/deb/perfq-dkms_$(VERSION)_all.deb
+VERSION      = $(shell sed -n 's/^PACKAGE_VERSION="\(.*\)"/\1/p' driver/dkms.conf)
+# The busybox-initramfs scenarios, then `systemd`: the packages installed in
+# a Debian guest with systemd as PID 1.
+QEMU_SCENARIOS = load badinput e2e unplug systemd
 
-test: build asan tsan
-	@rm -f $(QEMU_RESULTS)
-	-@qemu/run-scenarios.py --build $(BUILD) --results $(QEMU_RESULTS)
-	@scripts/run-tests.sh --results $(QEMU_RESULTS) $(BUILD) $(BUILD_ASAN) $(BUILD_TSAN)
+# The systemd scenario's Debian rootfs (debootstrap, cached) builds in the
+# background while the trees compile; the scenario waits for it.
+test: deps
+	@mkdir -p $(BUILD)/qemu
+	@echo "perfq: building the systemd guest's Debian rootfs in the background ($(BUILD)/qemu/rootfs.log)"
+	@qemu/build-rootfs.sh >$(BUILD)/qemu/rootfs.log 2>&1 </dev/null & \
+	  $(MAKE) --no-print-directory build asan tsan; rc=$$?; \
+	  if [ $$rc -ne 0 ]; then echo "perfq: waiting for the rootfs build to stop"; wait; fi; exit $$rc
+	@rm -f $(QEMU_RESULTS) $(DEB_RESULTS)
+	-@scripts/make-deb.sh --results $(DEB_RESULTS) $(BUILD)
+	-@qemu/run-scenarios.py --build $(BUILD) --results $(QEMU_RESULTS) $(QEMU_SCENARIOS) --debs $(DEBS)
+	@scripts/run-tests.sh --results $(DEB_RESULTS) --results $(QEMU_RESULTS) $(BUILD) $(BUILD_ASAN) $(BUILD_TSAN)
 
 qemu-test: build
-	@qemu/run-scenarios.py --build $(BUILD) --results $(QEMU_RESULTS)
+	@rm -f $(QEMU_RESULTS) $(DEB_RESULTS)
+	-@scripts/make-deb.sh --results $(DEB_RESULTS) $(BUILD)
+	@qemu/run-scenarios.py --build $(BUILD) --results $(QEMU_RESULTS) $(QEMU_SCENARIOS) --debs $(DEBS)
 
 qemu-shell: build
 	@qemu/run-scenarios.py --build $(BUILD) --shell

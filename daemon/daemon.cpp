@@ -3,6 +3,7 @@
 #include <glob.h>
 #include <grp.h>
 #include <pthread.h>
+#include <pwd.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -36,7 +37,14 @@ constexpr size_t kHostDrainPerRing = 4096;
 }  // namespace
 
 std::string Peer::describe() const {
-  return "uid " + std::to_string(cred.uid) + " (pid " + std::to_string(cred.pid) + ")";
+  // The user's name too, for the journal: "uid 1001 (alice, pid 4242)".
+  std::string name;
+  passwd pw{};
+  passwd* found = nullptr;
+  char buf[1024];
+  if (::getpwuid_r(cred.uid, &pw, buf, sizeof(buf), &found) == 0 && found)
+    name = std::string(found->pw_name) + ", ";
+  return "uid " + std::to_string(cred.uid) + " (" + name + "pid " + std::to_string(cred.pid) + ")";
 }
 
 Daemon::Daemon(DaemonConfig config)

@@ -88,6 +88,13 @@ KEY=$({ printf '%s\n' "$SUITE" "${BASE[@]}" "${EXTRA[@]}" "${INITRD_MODULES[@]}"
   sha256sum | cut -c1-16)
 OUT=$CACHE/rootfs-$KEY
 mkdir -p "$CACHE/debs"
+# One build at a time per cache (make test starts one early, in the
+# background; the scenario's own call then waits for it and reuses it).
+exec 9>"$CACHE/.lock"
+if ! flock -n 9; then
+  say "waiting for another build of this cache to finish"
+  flock 9
+fi
 # Leftovers of interrupted builds (their process gone): never reused, removed.
 for old in "$CACHE"/.tmp-*; do
   [ -d "$old" ] || continue

@@ -615,6 +615,40 @@ def run_systemd(run, args, timeout):
     run.stop_devsim()
     files = run.files()
     log(f"  files from the guest: {', '.join(sorted(files)) or 'none'} (in {run.dir})")
+    if not args.debs:
+        return
+    # The trace the installed packages recorded, read in the guest by
+    # `perfqctl report --json` (as the perfq group member who recorded it).
+    def load(name):
+        if not run.check(name in files, f"{name} came back over ttyS1"):
+            return None
+        with open(files[name]) as f:
+            text = f.read().strip()
+        # The report is one document; the demo app prints its JSON last.
+        for doc in (text, (text.splitlines() or [""])[-1]):
+            try:
+                return json.loads(doc)
+            except json.JSONDecodeError as e:
+                err = e
+        run.check(False, f"{name} is JSON ({err})")
+        return None
+    r, demo = load("report.json"), load("demo.json")
+    if not r or not demo:
+        return
+    run.check(r.get("complete") and r.get("clean_end"), "the trace is complete with a clean end")
+    recs = r.get("records", {})
+    run.check(recs.get("device", 0) > 0 and recs.get("host", 0) > 0,
+              f"device and application records: {recs.get('device')} device, "
+              f"{recs.get('host')} host")
+    jobs = r.get("jobs", {})
+    run.check(demo.get("completed", 0) > 0 and jobs.get("count") == demo.get("completed"),
+              f"every demo-app job is correlated host<->device: {jobs.get('count')} of "
+              f"{demo.get('completed')}")
+    run.check(r.get("causality_violations", 1) == 0,
+              f"causality holds for every job ({r.get('causality_violations')} violations)")
+    lost = r.get("lost", {})
+    run.check(all(v == 0 for v in lost.values() if isinstance(v, (int, float))),
+              f"nothing lost: {json.dumps(lost)[:200]}")
 
 
 def run_scenario(args, name):

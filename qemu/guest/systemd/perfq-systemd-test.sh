@@ -52,21 +52,91 @@ show boot systemd-analyze time
 info "kernel $(uname -r), $(nproc) CPUs"
 info "perfq packages: $(dpkg-query -W -f='${Package} ${Version}; ' 'perfq*' 2>/dev/null || echo none)"
 
-# ---- 2. the perfq packages, when installed
+# ---- 2. the perfq packages, when installed: what a user does
+# The trace's path and the users: `outsider` is not in the perfq group,
+# `member` is (added the way the README says: usermod -aG perfq).
+TRACE=/var/tmp/perfq-run/t.trace
+sync_rounds() {
+  r=$(perfqctl status --json 2>/dev/null | sed -n 's/.*"rounds":\([0-9]*\).*/\1/p' | head -n 1)
+  echo "${r:-0}"
+}
+rounds_at_least() { [ "$(sync_rounds)" -ge "$1" ]; }
+wait_for() {  # wait_for SECONDS CMD...: until CMD succeeds
+  local end=$(($(date +%s) + $1)); shift
+  until "$@"; do [ "$(date +%s)" -lt "$end" ] || return 1; sleep 0.2; done
+}
+as() { local u=$1; shift; runuser -u "$u" -- "$@"; }
 if command -v perfqctl >/dev/null; then
-  if command -v dkms >/dev/null; then show dkms sh -c 'dkms status 2>/dev/null'; fi
+  # What the packages set up when they were installed.
+  check "the perfq group exists (sysusers.d)" getent group perfq
+  check "perfq-daemon.service is enabled by the package ($(systemctl is-enabled perfq-daemon 2>&1))" \
+    [ "$(systemctl is-enabled perfq-daemon 2>&1)" = enabled ]
+  show dkms sh -c 'dkms status 2>/dev/null'
+  check "DKMS built and installed perfq.ko for the running kernel $(uname -r)" \
+    sh -c "dkms status perfq 2>/dev/null | grep -q '$(uname -r).*installed'"
+  check "perfq.ko was loaded for the ivshmem device (udev, modalias)" \
+    wait_for 20 sh -c 'lsmod | grep -q "^perfq "'
+  check "/dev/perfq0 appeared" wait_for 20 test -c /dev/perfq0
+  show dev ls -l /dev/perfq0
+  check "/dev/perfq0 is group perfq, mode 0660 (udev rule): $(stat -c '%G %a' /dev/perfq0)" \
+    [ "$(stat -c '%G %a' /dev/perfq0)" = "perfq 660" ]
+  check "the module is DKMS's ($(modinfo -n perfq))" sh -c 'modinfo -n perfq | grep -q /updates/dkms/'
+
+  # The service, started the way the README says.  Enabled, it may have
+  # started at boot: stop it first so this start is the one checked.
+  systemctl stop perfq-daemon
   check "systemctl start perfq-daemon" systemctl start perfq-daemon
   active=$(systemctl is-active perfq-daemon)
   check "perfq-daemon is active ($active)" [ "$active" = active ]
-  show lsmod sh -c 'lsmod | grep perfq'
-  check "perfq.ko is loaded" sh -c 'lsmod | grep -q "^perfq "'
-  show dev ls -l /dev/perfq*
-  check "/dev/perfq0 exists" [ -c /dev/perfq0 ]
-  show journal sh -c 'journalctl -u perfq-daemon --no-pager | tail'
-  # More package checks go here (perfqctl start/stop, perfq-demo-app, a
-  # trace sent back with send_file, host stop-devsim ...).
+  status_text=$(systemctl show -p StatusText --value perfq-daemon)
+  check "it told systemd it is READY (Type=notify; status: $status_text)" \
+    sh -c "systemctl show -p Type --value perfq-daemon | grep -qx notify && [ -n '$status_text' ]"
+  check "/run/perfq/perfqd.sock is there" test -S /run/perfq/perfqd.sock
+
+  # Who may drive it: root and the perfq group; anyone may read status.
+  useradd -m outsider && useradd -m member && usermod -aG perfq member
+  mkdir -p /var/tmp/perfq-run && chown member: /var/tmp/perfq-run
+  check "outsider may read status" as outsider perfqctl status
+  if as outsider perfqctl start -o /var/tmp/outsider.trace --device /dev/perfq0 >/tmp/refused.txt 2>&1; then
+    fail "outsider (not in the perfq group) was refused: it was served"
+  else
+    ok "outsider (not in the perfq group) was refused: $(head -c 300 /tmp/refused.txt)"
+  fi
+  check "no trace was started for outsider" test ! -e /var/tmp/outsider.trace
+  check "outsider may not open /dev/perfq0" sh -c '! runuser -u outsider -- sh -c ": < /dev/perfq0" 2>/dev/null'
+  check "member (in the perfq group) starts a recording" \
+    as member perfqctl start -o "$TRACE" --device /dev/perfq0
+  check "the daemon made 5 sync rounds before the jobs" wait_for 60 rounds_at_least 5
+
+  # The workload: the demo app, as member (it opens /dev/perfq0 through the
+  # group), submits jobs to the software device on the host.
+  as member perfq-demo-app --device /dev/perfq0 --jobs "${PERFQ_JOBS:-1000}" --threads 2 \
+    >/tmp/demo.json 2>/tmp/demo.err
+  rc=$?
+  info "demo-app: $(cat /tmp/demo.json) $(head -c 300 /tmp/demo.err)"
+  check "perfq-demo-app ran its jobs as member" [ "$rc" -eq 0 ]
+  check "perfq-demo-app sent its records to the daemon" grep -q '"connected":true' /tmp/demo.json
+  after=$(( $(sync_rounds) + 5 ))
+  check "the daemon made 5 more sync rounds after the jobs" wait_for 60 rounds_at_least $after
+  check "member stops the recording" as member perfqctl stop
+  show status perfqctl status
+  check "member reads the trace with perfqctl report" sh -c \
+    "runuser -u member -- perfqctl report '$TRACE' >/tmp/report.txt 2>&1"
+  sed 's/^/info: report| /' /tmp/report.txt | head -n 40
+  as member perfqctl report --json "$TRACE" >/tmp/report.json 2>/dev/null
+  send_file /tmp/report.json report.json
+  send_file /tmp/demo.json demo.json
+
+  # Stopped the way the README says; the journal has the daemon's lines.
+  check "systemctl stop perfq-daemon" systemctl stop perfq-daemon
+  check "perfq-daemon is inactive" sh -c '[ "$(systemctl is-active perfq-daemon)" = inactive ]'
+  journalctl -u perfq-daemon --no-pager -o cat >/tmp/daemon-journal.txt 2>&1
+  sed 's/^/info: journal| /' /tmp/daemon-journal.txt | tail -n 25
+  check "journalctl -u perfq-daemon: it listened" grep -q 'listening on /run/perfq/perfqd.sock' /tmp/daemon-journal.txt
+  check "journalctl -u perfq-daemon: it logged the refusal of outsider" grep -q 'refused start from .*outsider' /tmp/daemon-journal.txt
+  check "journalctl -u perfq-daemon: it stopped" grep -qi 'stopping' /tmp/daemon-journal.txt
 else
-  info "perfq is not installed (no perfqctl): only the system was checked"
+  fail "perfq is not installed (no perfqctl): give the packages with --debs"
 fi
 
 # ---- 3. the result
