@@ -16,6 +16,7 @@
 #include "perfq/trace_synth.h"
 
 #include "test_util.h"
+#include "trace_build.h"
 
 namespace perfq {
 namespace {
@@ -152,10 +153,9 @@ TEST_CASE("export chrome-json: parses, every event has the required fields", "[e
   }
 }
 
-TEST_CASE("export perfetto: protoc decodes it with no unknown fields", "[export]") {
+// The Perfetto export of trace `in`, decoded by protoc (text format).
+std::string perfetto_decoded(const TempDir& dir, const std::string& in) {
   require_tool("protoc", "protobuf-compiler");
-  TempDir dir("export");
-  const std::string in = make_trace(dir);
   REQUIRE(export_trace(in, TraceExportFormat::kPerfetto, dir.file("out.pftrace")).is_ok());
   const std::string cmd = std::string("protoc --proto_path=") + PERFQ_TEST_DATA_DIR +
                           " --decode=perfetto.protos.Trace perfetto_trace.proto < " +
@@ -163,7 +163,13 @@ TEST_CASE("export perfetto: protoc decodes it with no unknown fields", "[export]
                           dir.file("protoc.err");
   INFO(slurp(dir.file("protoc.err")));
   REQUIRE(sh(cmd) == 0);
-  const std::string text = slurp(dir.file("decoded.txt"));
+  return slurp(dir.file("decoded.txt"));
+}
+
+TEST_CASE("export perfetto: protoc decodes it with no unknown fields", "[export]") {
+  TempDir dir("export");
+  const std::string in = make_trace(dir);
+  const std::string text = perfetto_decoded(dir, in);
   auto count = [&text](const std::string& what) {
     size_t n = 0;
     for (size_t p = text.find(what); p != std::string::npos; p = text.find(what, p + 1)) ++n;
@@ -193,7 +199,6 @@ TEST_CASE("export perfetto: protoc decodes it with no unknown fields", "[export]
 // on that thread's track, which carries the thread's real tid and name;
 // those of other threads on a track per CPU.
 TEST_CASE("export perfetto: kernel events land on their thread's track", "[export]") {
-  require_tool("protoc", "protobuf-compiler");
   TempDir dir("export");
   const std::string in = dir.file("kev.pq");
   TraceMetadata meta;
@@ -211,37 +216,13 @@ TEST_CASE("export perfetto: kernel events land on their thread's track", "[expor
                  {PERFQ_KEV_SCHED_IN, PERFQ_KIND_INSTANT, "sched_switch_in"},
                  {PERFQ_KEV_SYSCALL_ENTER, PERFQ_KIND_INSTANT, "syscall_enter"}};
   meta.sources = {app, kern};
-  std::vector<TraceRecord> recs;
-  auto add = [&](uint16_t source, uint16_t stream, uint32_t event, int64_t t, uint64_t arg) {
-    TraceRecord r;
-    r.source = source;
-    r.rec.index = recs.size();
-    r.rec.event = event;
-    r.rec.stream = stream;
-    r.rec.flags = PERFQ_FLAGS(PERFQ_KIND_INSTANT, PERFQ_CLOCK_HOST);
-    r.rec.time = static_cast<uint64_t>(t);
-    r.rec.arg = arg;
-    r.time_ns = t;
-    recs.push_back(r);
-  };
-  add(256, 0, 1, 1000, 7);
-  add(PERFQ_KERNEL_SOURCE, 0, PERFQ_KEV_SCHED_OUT, 1500, 4242);
-  add(PERFQ_KERNEL_SOURCE, 1, PERFQ_KEV_SYSCALL_ENTER, 1800, uint64_t{39} << 32 | 999);
-  add(PERFQ_KERNEL_SOURCE, 1, PERFQ_KEV_SCHED_IN, 2500, 4242);
-  {
-    auto w = TraceWriter::open(in, meta);
-    REQUIRE(w.is_ok());
-    REQUIRE(w->append_records(recs).is_ok());
-    REQUIRE(w->close().is_ok());
-  }
-  REQUIRE(export_trace(in, TraceExportFormat::kPerfetto, dir.file("out.pftrace")).is_ok());
-  const std::string cmd = std::string("protoc --proto_path=") + PERFQ_TEST_DATA_DIR +
-                          " --decode=perfetto.protos.Trace perfetto_trace.proto < " +
-                          dir.file("out.pftrace") + " > " + dir.file("decoded.txt") + " 2> " +
-                          dir.file("protoc.err");
-  INFO(slurp(dir.file("protoc.err")));
-  REQUIRE(sh(cmd) == 0);
-  const std::string text = slurp(dir.file("decoded.txt"));
+  TraceBuilder b;
+  b.instant(256, 0, 1, 1000, 7);
+  b.instant(PERFQ_KERNEL_SOURCE, 0, PERFQ_KEV_SCHED_OUT, 1500, 4242);
+  b.instant(PERFQ_KERNEL_SOURCE, 1, PERFQ_KEV_SYSCALL_ENTER, 1800, uint64_t{39} << 32 | 999);
+  b.instant(PERFQ_KERNEL_SOURCE, 1, PERFQ_KEV_SCHED_IN, 2500, 4242);
+  b.write(in, meta);
+  const std::string text = perfetto_decoded(dir, in);
   INFO(text);
   std::smatch m;
   static const std::regex thread_track(R"(uuid: (\d+)\s+thread \{\s+pid: 4240\s+tid: 4242\s+thread_name: "job-0")");

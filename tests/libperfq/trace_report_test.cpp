@@ -12,6 +12,7 @@
 #include "perfq/trace_synth.h"
 
 #include "test_util.h"
+#include "trace_build.h"
 
 namespace perfq {
 namespace {
@@ -383,19 +384,9 @@ TEST_CASE("report: per job, how long the submitting thread was off-CPU", "[repor
                  {PERFQ_KEV_SCHED_IN, PERFQ_KIND_INSTANT, "sched_switch_in"},
                  {PERFQ_KEV_SCHED_WAKEUP, PERFQ_KIND_INSTANT, "sched_wakeup"}};
   meta.sources = {app, dev, kern};
-  std::vector<TraceRecord> recs;
-  uint64_t index[3] = {};
+  TraceBuilder b;
   auto add = [&](uint16_t source, uint16_t stream, uint32_t event, int64_t t, uint64_t arg) {
-    TraceRecord r;
-    r.source = source;
-    r.rec.index = index[source == 256 ? 0 : source == 1 ? 1 : 2]++;
-    r.rec.event = event;
-    r.rec.stream = stream;
-    r.rec.flags = PERFQ_FLAGS(PERFQ_KIND_INSTANT, PERFQ_CLOCK_HOST);
-    r.rec.time = static_cast<uint64_t>(t);
-    r.rec.arg = arg;
-    r.time_ns = t;
-    recs.push_back(r);
+    b.instant(source, stream, event, t, arg);
   };
   auto sched = [&](uint32_t ev, int64_t t, uint32_t tid) { add(PERFQ_KERNEL_SOURCE, 0, ev, t, tid); };
   // Job 7 on tid 4242: submit 1000, complete 5000; out 1500..2500 and
@@ -419,12 +410,7 @@ TEST_CASE("report: per job, how long the submitting thread was off-CPU", "[repor
   add(1, 0, 1, 8100, 8);
   add(1, 0, 2, 8200, 8);
   add(256, 0, 2, 9000, 8);
-  {
-    auto w = TraceWriter::open(path, meta);
-    REQUIRE(w.is_ok());
-    REQUIRE(w->append_records(recs).is_ok());
-    REQUIRE(w->close().is_ok());
-  }
+  b.write(path, meta);
   auto r = analyze_trace(path);
   REQUIRE(r.is_ok());
   const TraceSource* k = r->metadata.find_source(PERFQ_KERNEL_SOURCE);
