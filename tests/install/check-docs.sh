@@ -96,7 +96,7 @@ check_options() {
 }
 
 # --- (a) the pages render without warnings, with the sections a user needs.
-pages=(perfqctl.1 perfq-daemon.8 perfq-devsim.1)
+pages=(perfqctl.1 perfq-daemon.8 perfq-devsim.1 perfq-demo-app.1)
 for page in "${pages[@]}"; do
   f=$build/man/$page
   if [[ ! -s $f ]]; then
@@ -134,6 +134,10 @@ fi
 if [[ -s $build/man/perfq-devsim.1 ]]; then
   check_options "perfq-devsim.1: perfq-devsim --help" "$("$bin/perfq-devsim" --help)" \
     "$(render "$build/man/perfq-devsim.1" | section OPTIONS)"
+fi
+if [[ -s $build/man/perfq-demo-app.1 ]]; then
+  check_options "perfq-demo-app.1: perfq-demo-app --help" "$("$bin/perfq-demo-app" --help)" \
+    "$(render "$build/man/perfq-demo-app.1" | section OPTIONS)"
 fi
 if [[ -s $build/man/perfqctl.1 ]]; then
   page=$(render "$build/man/perfqctl.1")

@@ -36,6 +36,7 @@ for f in bin/perfq-daemon bin/perfqctl bin/perfq-devsim bin/perfq-demo-app \
          "$libdir/libperfq.a" "$libdir/pkgconfig/perfq.pc" "$libdir/cmake/perfq/perfqConfig.cmake" \
          include/perfq/perfq.h include/perfq/perfq_abi.h \
          share/man/man1/perfqctl.1 share/man/man8/perfq-daemon.8 share/man/man1/perfq-devsim.1 \
+         share/man/man1/perfq-demo-app.1 \
          share/bash-completion/completions/perfqctl; do
   check "installed: $prefix/$f" test -s "$root/$f"
 done

@@ -208,7 +208,7 @@ int main(int argc, char** argv) {
   CLI::App app{
       "perfq-demo-app: submit jobs to a perfq device's job queue from several threads and\n"
       "wait for their completions. Prints one JSON line with the counts and latencies."};
-  app.add_option("--device", o.device, "Device: shm:PATH (the region perfq-devsim serves)")
+  app.add_option("--device", o.device, "Device: /dev/perfqN (perfq.ko) or shm:PATH (the region perfq-devsim serves)")
       ->required();
   app.add_option("--jobs", o.jobs, "Jobs to run, all threads together")->capture_default_str();
   app.add_option("--threads", o.threads, "Submitting threads, one job channel each")
