@@ -86,11 +86,12 @@ bench: build
 	@scripts/bench.py --build $(BUILD) --out $(BUILD)/bench/results.json
 
 # The build folder's install prefix follows PREFIX (nothing recompiles); the
-# list of installed files is kept for make uninstall.
+# list of installed files (with DESTDIR) is kept for make uninstall.
 install: build
 	cmake -S . -B $(BUILD) -DCMAKE_INSTALL_PREFIX=$(PREFIX) >/dev/null
 	DESTDIR="$(DESTDIR)" cmake --install $(BUILD)
-	@cp $(BUILD)/install_manifest.txt $(BUILD)/perfq-installed.txt
+	@# CMake's manifest leaves DESTDIR out; the list make uninstall reads has it.
+	@sed 's|^|$(DESTDIR)|' $(BUILD)/install_manifest.txt >$(BUILD)/perfq-installed.txt
 
 uninstall:
 	@DESTDIR="$(DESTDIR)" scripts/uninstall.sh $(BUILD)

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Remove what `make install` put there, from the list it kept.
+# Remove what `make install` put there, from the list it kept (its paths
+# include the DESTDIR of that install).
 #   scripts/uninstall.sh BUILD_DIR     (its perfq-installed.txt)
 #   scripts/uninstall.sh LIST          a list of installed files
 # Files go, then the folders only perfq uses once empty (include/perfq,

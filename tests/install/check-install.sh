@@ -25,8 +25,8 @@ libdir=$(sed -n 's/^CMAKE_INSTALL_LIBDIR:PATH=//p' "$build/CMakeCache.txt")
 # What make install does, into DESTDIR (the manifest goes to our own list).
 DESTDIR=$dest cmake --install "$build" >"$work/install.log" 2>&1 || {
   cat "$work/install.log"; echo "FAIL cmake --install"; exit 1; }
-sed "s|^|$dest|; s|^$dest$dest|$dest|" "$build/install_manifest.txt" >"$work/installed.txt"
-grep -q "^$dest/" "$work/installed.txt" || cp "$build/install_manifest.txt" "$work/installed.txt"
+# CMake's manifest leaves DESTDIR out; make install adds it the same way.
+sed "s|^|$dest|" "$build/install_manifest.txt" >"$work/installed.txt"
 root=$dest$prefix
 echo "     installed $(wc -l <"$work/installed.txt") files under $root"
 
