@@ -356,9 +356,11 @@ class DeviceRecorder {
     DeviceDrain drain(dev_->region());
     std::vector<perfq_record> batch;
     std::vector<TraceRecord> out;
-    // Idle: back off to 1 ms sleeps; a device at a steady rate is polled as
-    // fast as it fills.
-    Backoff idle(std::chrono::microseconds(1000));
+    // Idle: back off to 1 ms sleeps, and to 10 ms once nothing came for a
+    // quarter second (the device's ring holds 10 ms at several M records/s);
+    // a device at a steady rate is polled as fast as it fills.
+    Backoff idle(std::chrono::microseconds(1000), 64, std::chrono::microseconds(10000),
+                 std::chrono::microseconds(250000));
     bool ended = false;
     while (!stopping()) {
       const long n = poll_once(drain, batch, out);

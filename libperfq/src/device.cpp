@@ -199,9 +199,11 @@ void Backoff::wait() noexcept {
 #endif
     return;
   }
-  timespec ts{0, static_cast<long>(sleep_us_ * 1000)};
+  timespec ts{static_cast<time_t>(sleep_us_ / 1000000), static_cast<long>(sleep_us_ % 1000000 * 1000)};
   nanosleep(&ts, nullptr);
-  sleep_us_ = std::min(sleep_us_ * 2, max_sleep_us_);
+  slept_us_ += sleep_us_;
+  const uint64_t ceiling = slept_us_ >= deep_after_us_ ? deep_sleep_us_ : max_sleep_us_;
+  sleep_us_ = std::min(sleep_us_ * 2, ceiling);
 }
 
 }  // namespace perfq

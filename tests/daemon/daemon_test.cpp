@@ -298,12 +298,14 @@ TEST_CASE("daemon: devsim, daemon and a multi-threaded demo app make one ordered
   }
   CHECK(incomplete == 0);
   CHECK(beyond == 0);
-  // Rare, too, where the models are tight.  In the sanitizer builds they
-  // claim several times the smallest gaps, so inversions within the claim
-  // are expected there (16 of 600 in one ASan run): the claim is the check.
+  // Rare, too, where the models are tight (under 1 us).  A model that
+  // claims more, as the first ones may while devsim, the daemon and the app
+  // all start on 2 cores (168 us in one run), or those of the sanitizer
+  // builds, claims more than the smallest gaps: inversions within the claim
+  // are then expected, and the claim is the check.
   INFO("violations within the models' uncertainty: " << violations << " of " << jobs.size()
        << " jobs (tolerance " << tolerance << " ns)");
-  if (kSlow == 1) CHECK(violations * 100 <= jobs.size());
+  if (kSlow == 1 && tolerance <= 1000) CHECK(violations * 100 <= jobs.size());
 
   // The report agrees.
   Child rep({kBin + "/perfqctl", "report", trace, "--json"});

@@ -15,6 +15,7 @@
 // Plain C++ with no host-only dependency: device firmware can link it.
 #pragma once
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdint>
@@ -143,20 +144,31 @@ void set_device_state(const Region& region, perfq_device_state state) noexcept;
 perfq_device_state device_state(const Region& region) noexcept;
 
 // Adaptive idle wait: spin a little, then sleep with exponential back-off up
-// to a ceiling.  reset() after doing work.
+// to a ceiling.  reset() after doing work.  With a deep ceiling, a waiter
+// idle for deep_after in all may sleep longer still (an idle daemon then
+// costs nearly nothing; the first work after a long idle waits at most
+// deep_sleep, which the rings behind it must absorb).
 class Backoff {
  public:
   explicit Backoff(std::chrono::microseconds max_sleep = std::chrono::microseconds(1000),
-                   unsigned spins = 64)
-      : max_sleep_us_(static_cast<uint64_t>(max_sleep.count())), spins_(spins) {}
-  void reset() noexcept { idle_ = 0; sleep_us_ = 1; }
+                   unsigned spins = 64,
+                   std::chrono::microseconds deep_sleep = std::chrono::microseconds(0),
+                   std::chrono::microseconds deep_after = std::chrono::microseconds(0))
+      : max_sleep_us_(static_cast<uint64_t>(max_sleep.count())),
+        deep_sleep_us_(std::max(max_sleep_us_, static_cast<uint64_t>(deep_sleep.count()))),
+        deep_after_us_(static_cast<uint64_t>(deep_after.count())),
+        spins_(spins) {}
+  void reset() noexcept { idle_ = 0; sleep_us_ = 1; slept_us_ = 0; }
   void wait() noexcept;
 
  private:
   uint64_t max_sleep_us_;
+  uint64_t deep_sleep_us_;
+  uint64_t deep_after_us_;
   unsigned spins_;
   unsigned idle_ = 0;
   uint64_t sleep_us_ = 1;
+  uint64_t slept_us_ = 0;  // asked-for sleep since the last reset()
 };
 
 }  // namespace perfq
