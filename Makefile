@@ -89,9 +89,7 @@ bench: build
 # list of installed files (with DESTDIR) is kept for make uninstall.
 install: build
 	cmake -S . -B $(BUILD) -DCMAKE_INSTALL_PREFIX=$(PREFIX) >/dev/null
-	DESTDIR="$(DESTDIR)" cmake --install $(BUILD)
-	@# CMake's manifest leaves DESTDIR out; the list make uninstall reads has it.
-	@sed 's|^|$(DESTDIR)|' $(BUILD)/install_manifest.txt >$(BUILD)/perfq-installed.txt
+	DESTDIR="$(DESTDIR)" scripts/install.sh $(BUILD)
 
 uninstall:
 	@DESTDIR="$(DESTDIR)" scripts/uninstall.sh $(BUILD)

@@ -398,20 +398,26 @@ class Run:
                    f"drift {sync.get('drift_ppm')} ppm")
 
 
+    def load_json(self, files, name):
+        """A JSON file the guest sent (a check that it came and parses): one
+        document (perfqctl report --json), or JSON on its last line (the
+        programs that print it last)."""
+        if not self.check(name in files, f"{name} came back over ttyS1"):
+            return None
+        with open(files[name]) as f:
+            text = f.read().strip()
+        for doc in (text, (text.splitlines() or [""])[-1]):
+            try:
+                return json.loads(doc)
+            except json.JSONDecodeError as e:
+                err = e
+        self.check(False, f"{name} is JSON ({err})")
+        return None
+
     def check_pci(self, files, report):
         """perfqctl devices in the guest, and the trace's metadata, know the
         ivshmem device (1af4:1110) at 0000:01:00.0, bound to perfq."""
         address = "0000:01:00.0"
-
-        def load(name):
-            if not self.check(name in files, f"{name} came back over ttyS1"):
-                return None
-            with open(files[name]) as f:
-                try:
-                    return json.loads(f.read().strip().splitlines()[-1])
-                except (json.JSONDecodeError, IndexError) as e:
-                    self.check(False, f"{name} is JSON ({e})")
-                    return None
 
         def is_ivshmem(p, where):
             ok = (p.get("address") == address and p.get("vendor_id") == "1af4"
@@ -428,7 +434,7 @@ class Run:
             self.check(p.get("config_readable") is True and "error" not in p,
                        f"{where}: its config space was read ({p.get('error', 'no error')})")
 
-        dev = load("devices.json")
+        dev = self.load_json(files, "devices.json")
         if dev:
             bound = dev.get("pci_devices", [])
             self.check(dev.get("ok") and len(bound) == 1,
@@ -440,7 +446,7 @@ class Run:
                           f"devices: /dev/perfq0 carries its PCI facts "
                           f"({perfq0[0].get('pci_error') if perfq0 else 'not listed'})"):
                 is_ivshmem(perfq0[0]["pci"], "devices: /dev/perfq0")
-        alls = load("devices-all.json")
+        alls = self.load_json(files, "devices-all.json")
         if alls:
             devs = {p["address"]: p for p in alls.get("pci_devices", [])}
             self.check(alls.get("ok") and address in devs and len(devs) > 1,
@@ -619,20 +625,7 @@ def run_systemd(run, args, timeout):
         return
     # The trace the installed packages recorded, read in the guest by
     # `perfqctl report --json` (as the perfq group member who recorded it).
-    def load(name):
-        if not run.check(name in files, f"{name} came back over ttyS1"):
-            return None
-        with open(files[name]) as f:
-            text = f.read().strip()
-        # The report is one document; the demo app prints its JSON last.
-        for doc in (text, (text.splitlines() or [""])[-1]):
-            try:
-                return json.loads(doc)
-            except json.JSONDecodeError as e:
-                err = e
-        run.check(False, f"{name} is JSON ({err})")
-        return None
-    r, demo = load("report.json"), load("demo.json")
+    r, demo = run.load_json(files, "report.json"), run.load_json(files, "demo.json")
     if not r or not demo:
         return
     run.check(r.get("complete") and r.get("clean_end"), "the trace is complete with a clean end")

@@ -19,10 +19,14 @@ if [ "${1:-}" = --remove ]; then
   exit 0
 fi
 rm -rf -- "$src"
-install -D -m 0644 "$ROOT/driver/perfq.c" "$src/perfq.c"
-install -D -m 0644 "$ROOT/driver/Kbuild" "$src/Kbuild"
+# The files are those of the perfq-dkms package (debian/perfq-dkms.install,
+# "SOURCE usr/src/perfq-${env:DEB_VERSION_UPSTREAM}/FOLDER/"), and dkms.conf.
+while read -r file dest; do
+  [ -n "$file" ] || continue
+  dest=${dest#usr/src/perfq-\$\{env:DEB_VERSION_UPSTREAM\}/}
+  install -D -m 0644 "$ROOT/$file" "$src/$dest$(basename "$file")"
+done <"$ROOT/debian/perfq-dkms.install"
 install -D -m 0644 "$ROOT/driver/dkms.conf" "$src/dkms.conf"
-install -D -m 0644 "$ROOT/libperfq/include/perfq/perfq_abi.h" "$src/include/perfq/perfq_abi.h"
 echo "perfq dkms: source in $src"
 [ -z "${DESTDIR:-}" ] || exit 0
 command -v dkms >/dev/null || { echo "perfq dkms: dkms is not installed (apt-get install dkms)" >&2; exit 1; }
