@@ -44,8 +44,21 @@
 
 #define PERFQ_NAME "perfq"
 #define PERFQ_MAX_DEVICES 64
-#define PERFQ_WARMUP_EXTRA_NS (250ULL * NSEC_PER_MSEC) /* the device may be asleep */
-#define PERFQ_READ_ATTEMPTS 4 /* per sample, each bounded by timeout_ns */
+/*
+ * The first exchange of a round, with interrupts on: the device may be
+ * asleep (a software device polls its window every few ms) or, on a loaded
+ * host, waiting for a CPU at the same time as the guest.
+ */
+#define PERFQ_WARMUP_EXTRA_NS (1000ULL * NSEC_PER_MSEC)
+#define PERFQ_WARMUP_READ_NS (100ULL * NSEC_PER_USEC)
+/*
+ * A sample whose read timed out is tried again, with interrupts on and a
+ * growing sleep in between, until timeout_ns plus this has passed: the
+ * software device shares the host's CPUs and may be descheduled for tens of
+ * milliseconds on a loaded host.
+ */
+#define PERFQ_RETRY_EXTRA_NS (100ULL * NSEC_PER_MSEC)
+#define PERFQ_RETRY_SLEEP_MAX_US 5000
 
 static int perfq_bar = 2;
 module_param_named(bar, perfq_bar, int, 0444);
@@ -270,8 +283,10 @@ static int perfq_timer_warmup(struct perfq_dev *pd, u64 timeout_ns)
 	u64 value;
 
 	do {
-		if (!perfq_timer_read(pd, 20 * NSEC_PER_USEC, &value))
+		if (!perfq_timer_read(pd, PERFQ_WARMUP_READ_NS, &value))
 			return 0;
+		if (fatal_signal_pending(current))
+			return -EINTR;
 		usleep_range(50, 100);
 	} while (ktime_get_ns() < deadline);
 	return -ETIMEDOUT;
@@ -379,15 +394,16 @@ static long perfq_ioctl_clock_samples(struct perfq_dev *pd, void __user *argp)
 	}
 	for (i = 0; i < req->n; i++) {
 		struct perfq_clock_sample *s = &req->samples[i];
-		int attempt;
+		u64 give_up = ktime_get_ns() + timeout_ns + PERFQ_RETRY_EXTRA_NS;
+		unsigned long sleep_us = 100;
 
 		/*
 		 * Interrupts stay off for one read only.  A device that does not
 		 * answer within timeout_ns is usually just not running right now
 		 * (the software device shares the host's CPUs): let it run, with
-		 * interrupts on, and try again a few times.
+		 * interrupts on, and try again until give_up.
 		 */
-		for (attempt = 0;; attempt++) {
+		for (;;) {
 			preempt_disable();
 			local_irq_save(irqflags);
 			s->before = ktime_get_ns();
@@ -395,9 +411,10 @@ static long perfq_ioctl_clock_samples(struct perfq_dev *pd, void __user *argp)
 			s->after = ktime_get_ns();
 			local_irq_restore(irqflags);
 			preempt_enable();
-			if (!ret || attempt + 1 >= PERFQ_READ_ATTEMPTS)
+			if (!ret || s->after >= give_up || fatal_signal_pending(current))
 				break;
-			usleep_range(100, 200);
+			usleep_range(sleep_us, sleep_us + sleep_us / 2);
+			sleep_us = min_t(unsigned long, sleep_us * 2, PERFQ_RETRY_SLEEP_MAX_US);
 		}
 		if (ret) {
 			s->before = 0;

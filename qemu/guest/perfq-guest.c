@@ -117,9 +117,18 @@ static int cmd_clock(const char *dev, unsigned n, unsigned round, unsigned reps)
 		req.n = n;
 		req.round = round + r;
 		req.timeout_ns = PERFQ_IOC_TIMEOUT_MAX_NS;
+		struct timespec t0, t1;
+
+		clock_gettime(CLOCK_MONOTONIC, &t0);
 		if (ioctl(fd, PERFQ_IOC_CLOCK_SAMPLES, &req)) {
-			fprintf(stderr, "perfq-guest: PERFQ_IOC_CLOCK_SAMPLES: %s (count %u)\n",
-				strerror(errno), req.count);
+			int e = errno;
+
+			clock_gettime(CLOCK_MONOTONIC, &t1);
+			fprintf(stderr,
+				"perfq-guest: PERFQ_IOC_CLOCK_SAMPLES round %u (%u of %u): %s after %.1f ms (count %u)\n",
+				req.round, r + 1, reps, strerror(e),
+				(double)(t1.tv_sec - t0.tv_sec) * 1e3 + (double)(t1.tv_nsec - t0.tv_nsec) / 1e6,
+				req.count);
 			return 1;
 		}
 		if (req.count != n || req.version != PERFQ_IOC_VERSION)
