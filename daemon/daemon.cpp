@@ -441,10 +441,11 @@ void Daemon::collector_main() {
       ++passes_done_;
     }
     pass_cv_.notify_all();
-    if (n > 0 || pass_wanted_.load()) {
-      busy.reset();
+    if (pass_wanted_.load() || n >= kHostDrainPerRing / 2) {
+      busy.reset();  // a ring is filling, or a stop waits for a full pass
       continue;
     }
+    if (n > 0) busy.steady();  // a trickle: take it in batches, one wakeup per 2 ms
     if (attached) {
       busy.wait();
     } else {

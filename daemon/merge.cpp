@@ -23,16 +23,99 @@ Merger::Input* Merger::add_input(std::string name, int64_t bound) {
   return inputs_.back().get();
 }
 
+std::vector<TraceRecord> Merger::take_spare_locked() {
+  std::vector<TraceRecord> v;
+  if (!spare_.empty()) {
+    v = std::move(spare_.back());
+    spare_.pop_back();
+  } else {
+    v.reserve(kRunRecords);
+  }
+  return v;
+}
+
+// A stable sort of a batch made of ascending stretches (a device's batch
+// is its streams' records, each stream's in order): merge neighbouring
+// stretches pairwise, through the input's scratch buffer, so that nothing
+// is allocated once the buffer has grown.
+void Merger::sort_batch(Input* in, std::vector<TraceRecord>& v) {
+  const size_t n = v.size();
+  std::vector<size_t>& bounds = in->sort_bounds_;
+  bounds.clear();
+  bounds.push_back(0);
+  for (size_t i = 1; i < n; ++i)
+    if (v[i].time_ns < v[i - 1].time_ns) bounds.push_back(i);
+  if (bounds.size() == 1) return;  // already in order
+  bounds.push_back(n);
+  std::vector<TraceRecord>& tmp = in->sort_scratch_;
+  tmp.resize(n);
+  std::vector<TraceRecord>* src = &v;
+  std::vector<TraceRecord>* dst = &tmp;
+  while (bounds.size() > 2) {
+    size_t w = 0;
+    for (size_t k = 0; k + 1 < bounds.size(); k += 2) {
+      const size_t lo = bounds[k];
+      const size_t mid = bounds[k + 1];
+      const size_t hi = k + 2 < bounds.size() ? bounds[k + 2] : mid;
+      std::merge(src->begin() + static_cast<ptrdiff_t>(lo),
+                 src->begin() + static_cast<ptrdiff_t>(mid),
+                 src->begin() + static_cast<ptrdiff_t>(mid),
+                 src->begin() + static_cast<ptrdiff_t>(hi),
+                 dst->begin() + static_cast<ptrdiff_t>(lo), earlier);
+      bounds[w++] = lo;
+    }
+    bounds[w++] = n;
+    bounds.resize(w);
+    std::swap(src, dst);
+  }
+  if (src != &v) v.swap(tmp);
+}
+
 void Merger::push(Input* in, std::vector<TraceRecord>& records, int64_t bound) {
+  // The batch is the producer's: sort it before taking the lock.
+  sort_batch(in, records);
   const int64_t now = now_ns();
   bool wake = false;
   {
     std::lock_guard lock(mu_);
-    incoming_.insert(incoming_.end(), records.begin(), records.end());
+    size_t i = 0;
+    Run* tail = in->runs_.empty() ? nullptr : &in->runs_.back();
+    if (tail != nullptr && !records.empty() && tail->pos < tail->recs.size() &&
+        records.front().time_ns < tail->recs.back().time_ns &&
+        tail->recs.size() + records.size() <= tail->recs.capacity()) {
+      // The batch overlaps the end of the input's last run (its streams'
+      // records interleave across batches): merge it into that end rather
+      // than start a run that would alternate with it record by record.
+      auto from = std::upper_bound(tail->recs.begin() + static_cast<ptrdiff_t>(tail->pos),
+                                   tail->recs.end(), records.front(), earlier);
+      const size_t at = static_cast<size_t>(from - tail->recs.begin());
+      std::vector<TraceRecord>& merged = in->merge_scratch_;
+      merged.resize(tail->recs.size() - at + records.size());
+      std::merge(from, tail->recs.end(), records.begin(), records.end(), merged.begin(), earlier);
+      tail->recs.resize(at);
+      tail->recs.insert(tail->recs.end(), merged.begin(), merged.end());
+      i = records.size();
+    }
+    while (i < records.size()) {
+      Run* last = in->runs_.empty() ? nullptr : &in->runs_.back();
+      // Continue the input's last run when the batch follows it in time.
+      if (last == nullptr || last->recs.size() >= last->recs.capacity() ||
+          records[i].time_ns < last->recs.back().time_ns) {
+        in->runs_.push_back(Run{take_spare_locked(), 0, next_seq_++});
+        last = &in->runs_.back();
+      }
+      const size_t room = std::max(last->recs.capacity(), kRunRecords) - last->recs.size();
+      const size_t n = std::min(room, records.size() - i);
+      last->recs.insert(last->recs.end(), records.begin() + static_cast<ptrdiff_t>(i),
+                        records.begin() + static_cast<ptrdiff_t>(i + n));
+      i += n;
+    }
+    pending_ += records.size();
+    pushed_since_take_ += records.size();
     stats_.pushed += records.size();
     if (bound > in->bound_) in->bound_ = bound;
     in->heard_at_ = now;
-    wake = incoming_.size() + sorted_.size() >= opts_.wake_writer_at;
+    wake = pushed_since_take_ >= opts_.wake_writer_at;
   }
   records.clear();
   if (wake) wake_.notify_one();
@@ -64,52 +147,101 @@ int64_t Merger::watermark_locked(int64_t now) const {
   return std::max(w, now - opts_.max_delay_ns);
 }
 
-size_t Merger::release_locked(std::vector<TraceRecord>& out, int64_t limit) {
-  if (!incoming_.empty()) {
-    std::stable_sort(incoming_.begin(), incoming_.end(), earlier);
-    const size_t mid = sorted_.size();
-    sorted_.insert(sorted_.end(), incoming_.begin(), incoming_.end());
-    std::inplace_merge(sorted_.begin(), sorted_.begin() + static_cast<ptrdiff_t>(mid),
-                       sorted_.end(), earlier);
-    incoming_.clear();
+size_t Merger::release_locked(std::vector<TraceRecord>& out, int64_t limit, bool all) {
+  auto below = [&](int64_t t) { return all || t < limit; };
+  // A min-heap of the runs whose head is below the limit, by (time, seq).
+  struct Head {
+    int64_t t;
+    uint64_t seq;
+    Run* run;
+  };
+  auto later = [](const Head& a, const Head& b) {
+    return a.t != b.t ? a.t > b.t : a.seq > b.seq;
+  };
+  std::vector<Head> heap;
+  for (auto& in : inputs_)
+    for (auto& r : in->runs_)
+      if (r.pos < r.recs.size() && below(r.recs[r.pos].time_ns))
+        heap.push_back({r.recs[r.pos].time_ns, r.seq, &r});
+  std::make_heap(heap.begin(), heap.end(), later);
+  const size_t first = out.size();
+  while (!heap.empty()) {
+    std::pop_heap(heap.begin(), heap.end(), later);
+    Head h = heap.back();
+    heap.pop_back();
+    Run& r = *h.run;
+    // Take the run's records up to the next run's head (or the limit) in
+    // one stretch: a device's run usually goes a long way before another
+    // input's record comes between.
+    size_t end = r.pos + 1;
+    if (heap.empty()) {
+      while (end < r.recs.size() && below(r.recs[end].time_ns)) ++end;
+    } else {
+      // Up to the next head; at its time too when this run is the older.
+      const int64_t until = heap.front().t;
+      const bool first_on_ties = r.seq < heap.front().seq;
+      while (end < r.recs.size() &&
+             (r.recs[end].time_ns < until || (first_on_ties && r.recs[end].time_ns == until)))
+        ++end;
+    }
+    for (size_t i = r.pos; i < end; ++i) {
+      const int64_t t = r.recs[i].time_ns;
+      if (t < released_upto_)
+        ++stats_.late;
+      else
+        released_upto_ = t;
+    }
+    out.insert(out.end(), r.recs.begin() + static_cast<ptrdiff_t>(r.pos),
+               r.recs.begin() + static_cast<ptrdiff_t>(end));
+    r.pos = end;
+    if (r.pos < r.recs.size() && below(r.recs[r.pos].time_ns)) {
+      heap.push_back({r.recs[r.pos].time_ns, r.seq, &r});
+      std::push_heap(heap.begin(), heap.end(), later);
+    }
   }
-  auto cut = sorted_.begin();
-  if (limit == INT64_MAX) {
-    cut = sorted_.end();
-  } else {
-    cut = std::lower_bound(sorted_.begin(), sorted_.end(), limit,
-                           [](const TraceRecord& r, int64_t t) { return r.time_ns < t; });
+  // Drop drained runs, keeping a few buffers for the next pushes.
+  for (auto& in : inputs_) {
+    auto& runs = in->runs_;
+    auto keep = runs.begin();
+    for (auto it = runs.begin(); it != runs.end(); ++it) {
+      if (it->pos < it->recs.size()) {
+        if (keep != it) *keep = std::move(*it);
+        ++keep;
+      } else if (spare_.size() < kSpareRuns && it->recs.capacity() == kRunRecords) {
+        it->recs.clear();
+        spare_.push_back(std::move(it->recs));
+      }
+    }
+    runs.erase(keep, runs.end());
   }
-  const size_t n = static_cast<size_t>(cut - sorted_.begin());
-  for (auto it = sorted_.begin(); it != cut; ++it) {
-    if (it->time_ns < released_upto_) ++stats_.late;
-    else released_upto_ = it->time_ns;
-  }
-  out.insert(out.end(), sorted_.begin(), cut);
-  sorted_.erase(sorted_.begin(), cut);
+  const size_t n = out.size() - first;
+  pending_ -= n;
   stats_.released += n;
   return n;
 }
 
 size_t Merger::take_ready(std::vector<TraceRecord>& out, int64_t now, int64_t max_wait_ns) {
   std::unique_lock lock(mu_);
-  if (max_wait_ns > 0 && incoming_.size() + sorted_.size() < opts_.wake_writer_at)
+  // Records held back by the watermark do not count: only new ones may
+  // have moved it, and a writer woken for held records would spin.
+  if (max_wait_ns > 0 && pushed_since_take_ < opts_.wake_writer_at)
     wake_.wait_for(lock, std::chrono::nanoseconds(max_wait_ns));
+  pushed_since_take_ = 0;
   now = std::max(now, now_ns());
   const int64_t w = watermark_locked(now);
   stats_.watermark = w;
-  return release_locked(out, w);
+  return release_locked(out, w, false);
 }
 
 size_t Merger::take_all(std::vector<TraceRecord>& out) {
   std::lock_guard lock(mu_);
-  return release_locked(out, INT64_MAX);
+  return release_locked(out, INT64_MAX, true);
 }
 
 MergeStats Merger::stats() const {
   std::lock_guard lock(mu_);
   MergeStats s = stats_;
-  s.pending = sorted_.size() + incoming_.size();
+  s.pending = pending_;
   return s;
 }
 

@@ -12,12 +12,22 @@
 // A record that arrives below what was already released is "late": it is
 // still released (next), and counted.
 //
+// How: each input keeps its pending records as sorted runs of bounded size
+// (a batch is sorted by its producer, outside the lock, and appended to the
+// input's last run when it follows it in time, as a device's batches
+// usually do); the writer merges the heads of all runs below the watermark
+// with a heap.  Nothing pending is ever moved again, so the cost per record
+// does not grow with the backlog (the watermark holds device records back
+// for a sync round, about 100 ms of everything), and drained runs' buffers
+// are reused rather than returned to the allocator.
+//
 // Threading: push()/advance()/close() from the input's producer thread (one
 // per input); take_ready()/take_all() from the writer thread.  Internally
 // one mutex guards the pending records.
 #pragma once
 
 #include <condition_variable>
+#include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <mutex>
@@ -31,7 +41,7 @@ namespace perfqd {
 struct MergeOptions {
   int64_t max_delay_ns = 2'000'000'000;       // watermark never lags more
   int64_t stream_timeout_ns = 500'000'000;    // a silent input stops holding it
-  size_t wake_writer_at = 1 << 16;            // pending records that wake the writer
+  size_t wake_writer_at = 1 << 16;            // records pushed since the last take that wake the writer
 };
 
 struct MergeStats {
@@ -69,15 +79,27 @@ class Merger {
   MergeStats stats() const;
 
  private:
+  struct Run {
+    std::vector<perfq::TraceRecord> recs;  // sorted by time_ns
+    size_t pos = 0;                        // recs[pos..] are pending
+    uint64_t seq = 0;                      // creation order: ties go to the older run
+  };
+  static constexpr size_t kRunRecords = 16384;  // a run's capacity (768 KiB)
+  static constexpr size_t kSpareRuns = 4;       // drained buffers kept for reuse
+
   int64_t watermark_locked(int64_t now) const;
-  size_t release_locked(std::vector<perfq::TraceRecord>& out, int64_t limit);
+  size_t release_locked(std::vector<perfq::TraceRecord>& out, int64_t limit, bool all);
+  std::vector<perfq::TraceRecord> take_spare_locked();
+  static void sort_batch(Input* in, std::vector<perfq::TraceRecord>& records);
 
   MergeOptions opts_;
   mutable std::mutex mu_;
   std::condition_variable wake_;
   std::vector<std::unique_ptr<Input>> inputs_;
-  std::vector<perfq::TraceRecord> sorted_;    // pending, in time order
-  std::vector<perfq::TraceRecord> incoming_;  // pending, unsorted
+  std::vector<std::vector<perfq::TraceRecord>> spare_;  // empty, with capacity
+  uint64_t next_seq_ = 0;
+  size_t pending_ = 0;
+  size_t pushed_since_take_ = 0;
   int64_t released_upto_ = INT64_MIN;
   MergeStats stats_;
 };
@@ -94,6 +116,11 @@ class Merger::Input {
   int64_t bound_;
   int64_t heard_at_;  // host ns of the last push or advance
   bool closed_ = false;
+  std::vector<Merger::Run> runs_;  // pending, oldest first; each sorted
+  // The producer's, for sorting its batches outside the lock.
+  std::vector<perfq::TraceRecord> sort_scratch_;
+  std::vector<size_t> sort_bounds_;
+  std::vector<perfq::TraceRecord> merge_scratch_;  // under the merger's lock
 };
 
 }  // namespace perfqd

@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cmath>
 #include <chrono>
 #include <spdlog/spdlog.h>
 
@@ -242,7 +243,8 @@ class DeviceRecorder {
   // after it is in the model (`force`: with whatever model there is), so
   // the fit brackets it: interpolation, not extrapolation from an older
   // round (which, while the drift is still being learned, can be off by
-  // more than a job's cross-bus gaps).  The newest fit of the time's own
+  // more than a job's cross-bus gaps), or at once when the model is
+  // settled() enough that extrapolating costs next to nothing.  The newest fit of the time's own
   // segment is used; times before the last clock step use the history.
   bool convert(const perfq_record& r, const ModelSnapshot* m, bool force, TraceRecord* out) const {
     out->source = source_;
@@ -252,7 +254,8 @@ class DeviceRecorder {
       return true;
     }
     if (!m) return false;
-    if (!force && (m->rounds < kMinModelRounds || time_diff(m->covered_device, r.time) < 0))
+    if (!force && (m->rounds < kMinModelRounds ||
+                   (time_diff(m->covered_device, r.time) < 0 && !settled(*m, r.time))))
       return false;
     const PiecewiseModel& h = m->sync.history();
     const int seg = h.segment_for(r.time);
@@ -260,6 +263,19 @@ class DeviceRecorder {
     out->time_ns = static_cast<int64_t>(current ? m->sync.current().to_host(r.time)
                                                 : m->sync.to_host(r.time));
     return true;
+  }
+
+  // Whether the current model may convert a device time beyond its newest
+  // round without waiting for the next: once the drift is known well
+  // enough that extrapolating to d (3 sigma of the rate over the distance)
+  // adds at most a quarter of the model's own uncertainty.  Usually true
+  // about a second into a recording; until then records wait for a round
+  // after them, and so does a time far ahead (a clock step forward).
+  static bool settled(const ModelSnapshot& m, uint64_t d) {
+    const ClockModel& c = m.sync.current();
+    const double dx_ns = std::fabs(static_cast<double>(time_diff(d, c.device_ref)) *
+                                   static_cast<double>(c.ns_per_tick));
+    return 3 * c.rate_sigma_ppb * 1e-9 * dx_ns <= 0.25 * c.uncertainty_ns;
   }
 
   // One poll: returns records consumed, or -1 when the drain must end.
@@ -357,8 +373,9 @@ class DeviceRecorder {
     std::vector<perfq_record> batch;
     std::vector<TraceRecord> out;
     // Idle: back off to 1 ms sleeps, and to 10 ms once nothing came for a
-    // quarter second (the device's ring holds 10 ms at several M records/s);
-    // a device at a steady rate is polled as fast as it fills.
+    // quarter second (the device's ring holds 10 ms at several M records/s).
+    // Records coming in: every 1 ms while a poll brings less than a quarter
+    // batch (4 M records/s), back to back above that.
     Backoff idle(std::chrono::microseconds(1000), 64, std::chrono::microseconds(10000),
                  std::chrono::microseconds(250000));
     bool ended = false;
@@ -376,8 +393,11 @@ class DeviceRecorder {
           break;
         }
         idle.wait();
+      } else if (static_cast<size_t>(n) >= kDrainBatch / 4) {
+        idle.reset();  // the ring is filling: poll again at once
       } else {
-        idle.reset();
+        idle.steady();  // a trickle: take it in 1 ms batches
+        idle.wait();
       }
     }
     if (!ended) {

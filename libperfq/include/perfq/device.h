@@ -159,6 +159,13 @@ class Backoff {
         deep_after_us_(static_cast<uint64_t>(deep_after.count())),
         spins_(spins) {}
   void reset() noexcept { idle_ = 0; sleep_us_ = 1; slept_us_ = 0; }
+  // After a pass that found some work but far from a full batch: a steady
+  // trickle.  The next waits sleep max_sleep at once, without spinning or
+  // climbing from 1 us, so that work is taken in batches of max_sleep's
+  // worth: every wakeup costs a context switch (tens of microseconds of CPU
+  // on a VM), and a waiter that polls again at once after each handful of
+  // records spends more on wakeups than on the records.
+  void steady() noexcept { idle_ = spins_; sleep_us_ = max_sleep_us_; slept_us_ = 0; }
   void wait() noexcept;
 
  private:
