@@ -4,7 +4,6 @@
 //
 //   SIGTERM, SIGINT  stop the recording cleanly (the trace is closed), exit
 //   SIGHUP           reload the config file
-#include <malloc.h>
 #include <poll.h>
 #include <signal.h>
 #include <sys/signalfd.h>
@@ -64,14 +63,6 @@ void setup_logging(const DaemonConfig& c) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  // The merge stage's buffers are hundreds of KiB, allocated by the drains
-  // and freed by the writer at several per second while recording.  With
-  // glibc's defaults each freed one goes back to the kernel and its
-  // replacement page-faults in afresh (measured: 10 000 faults a second at
-  // 1 M records/s, a third of the daemon's CPU time).  Fixed thresholds keep
-  // freed memory for reuse instead, up to 64 MiB of it.
-  mallopt(M_MMAP_THRESHOLD, 32 << 20);
-  mallopt(M_TRIM_THRESHOLD, 64 << 20);
   DaemonConfig config;
   bool exit_now = false;
   int exit_code = 0;
