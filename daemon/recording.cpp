@@ -91,6 +91,13 @@ class DeviceRecorder {
     if (sync_thread_.joinable()) sync_thread_.join();
   }
 
+  // A record the device dropped consumed its index (a gap) and is also
+  // reported by a LOST record: the same records, counted once.  A gap
+  // without a report (a device that lost records silently) still counts.
+  static uint64_t stream_lost(const StreamAccount& a) {
+    return std::max(a.lost_reported, a.gap_records);
+  }
+
   json status() const {
     std::lock_guard lock(mu_);
     json streams = json::array();
@@ -98,7 +105,7 @@ class DeviceRecorder {
       streams.push_back({{"stream", id},
                          {"records", a.received},
                          {"bytes", a.received * sizeof(perfq_record)},
-                         {"lost", a.lost_reported + a.gap_records}});
+                         {"lost", stream_lost(a)}});
     const Region& region = dev_->region();
     const uint64_t tail = load_acquire(&region.host_ctrl()->tail_mirror);
     const uint64_t fill = tail >= consumed_ ? tail - consumed_ : 0;
@@ -340,7 +347,7 @@ class DeviceRecorder {
       records_ += batch.size();
       accounts_ = drain.streams();
       lost_ = dropped_no_clock_ += dropped;
-      for (const auto& [id, a] : accounts_) lost_ += a.lost_reported + a.gap_records;
+      for (const auto& [id, a] : accounts_) lost_ += stream_lost(a);
       invalid_ = drain.invalid();
       consumed_ = drain.consumed();
       unconverted_ = held_.size();
@@ -435,11 +442,12 @@ class DeviceRecorder {
     if (drain.invalid() > 0 && !dev_->gone())  // a revoked mapping reads as zeros
       spdlog::warn("{}: {} invalid device records dropped; first: {}", dev_->spec(),
                    drain.invalid(), drain.first_invalid());
-    // Device-side losses for the trace's loss table.
+    // Device-side losses for the trace's loss table: those the device did
+    // not report itself (its LOST records are in the trace already).
     for (const auto& [id, a] : drain.streams())
-      if (a.gap_records > 0)
-        rec_.queue_loss({source_, id, TraceLossReason::kSharedQueueFull, a.gap_records, now_ns(),
-                         a.next_index});
+      if (a.gap_records > a.lost_reported)
+        rec_.queue_loss({source_, id, TraceLossReason::kSharedQueueFull,
+                         a.gap_records - a.lost_reported, now_ns(), a.next_index});
   }
 
   // Runs rounds of its own (the sync thread has stopped) until one covers

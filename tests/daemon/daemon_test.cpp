@@ -315,6 +315,63 @@ TEST_CASE("daemon: devsim, daemon and a multi-threaded demo app make one ordered
   CHECK(rj["causality_violations"] == violations);
 }
 
+TEST_CASE("daemon: records a device dropped are counted once, as the device counted them",
+          "[daemon][process]") {
+  // A ring of 64 records at a rate the 1 ms drain cannot keep up with: the
+  // device drops records, which both leaves gaps in its indices and is
+  // reported by LOST records.  The daemon must count each dropped record
+  // once, per stream and in all.
+  TempDir dir("daemon-drops");
+  TempShm shm("daemon-drops");
+  const std::string trace = dir.file("drops.trace");
+  Child dev({kBin + "/perfq-devsim", "--region", shm.path(), "--create", "--ring-records", "64",
+             "--queue-records", "256", "--workers", "2", "--job-workers", "0", "--rate",
+             "400000", "--duration", std::to_string(2 * kSlow)});
+  REQUIRE(dev.started());
+  REQUIRE(wait_for([&] { return access(shm.path().c_str(), F_OK) == 0; }, std::chrono::seconds(10)));
+  Daemon d(dir);
+  auto st = ctl(d, {"start", "-o", trace, "--device", "shm:" + shm.path()});
+  INFO("start: " << st->out() << st->err());
+  REQUIRE(st->exit_code() == 0);
+  REQUIRE(dev.wait(std::chrono::seconds(static_cast<int>(60 * kSlow))));
+  REQUIRE(dev.exit_code() == 0);
+  const json devjs = json::parse(dev.out());
+  // The device has stopped: the drain finishes once it has read everything.
+  REQUIRE(wait_for(
+      [&] {
+        auto s = ctl(d, {"status", "--json"});
+        if (s->exit_code() != 0) return false;
+        const json j = json::parse(s->out());
+        return j["recording"]["devices"].size() == 1 &&
+               j["recording"]["devices"][0]["state"] == "finished";
+      },
+      std::chrono::seconds(static_cast<int>(30 * kSlow))));
+  auto stop = ctl(d, {"stop", "--json"});
+  INFO("stop: " << stop->out() << stop->err() << "\ndaemon: " << d.proc->err());
+  REQUIRE(stop->exit_code() == 0);
+  const json summary = json::parse(stop->out());
+  INFO("devsim: " << devjs.dump() << "\nsummary: " << summary.dump());
+  REQUIRE(summary["devices"].size() == 1);
+  const json& dj = summary["devices"][0];
+  const uint64_t dropped = devjs["dropped"];
+  CHECK(dropped > 0);
+  CHECK(dj["lost"].get<uint64_t>() == dropped);
+  std::map<uint16_t, uint64_t> per_stream;
+  for (const auto& s : devjs["streams"]) per_stream[s["stream"].get<uint16_t>()] = s["dropped"];
+  for (const auto& s : dj["streams"]) {
+    INFO("stream " << s["stream"]);
+    CHECK(s["lost"].get<uint64_t>() == per_stream[s["stream"].get<uint16_t>()]);
+  }
+  CHECK(dj["records"].get<uint64_t>() + dropped >= devjs["emitted"].get<uint64_t>());
+  // So does the report of the trace.
+  Child rep({kBin + "/perfqctl", "report", "--json", trace});
+  REQUIRE(rep.wait(std::chrono::seconds(static_cast<int>(60 * kSlow))));
+  INFO("report: " << rep.err());
+  REQUIRE(rep.exit_code() == 0);
+  const json rj = json::parse(rep.out());
+  CHECK(rj["lost"]["device"].get<uint64_t>() == dropped);
+}
+
 TEST_CASE("daemon: applications that start early, exit mid-recording or are killed",
           "[daemon][process]") {
   TempDir dir("daemon-apps");
