@@ -147,8 +147,10 @@ int64_t Merger::watermark_locked(int64_t now) const {
   return std::max(w, now - opts_.max_delay_ns);
 }
 
-size_t Merger::release_locked(std::vector<TraceRecord>& out, int64_t limit, bool all) {
+size_t Merger::release_locked(std::vector<TraceRecord>& out, int64_t limit, bool all,
+                              size_t max) {
   auto below = [&](int64_t t) { return all || t < limit; };
+  capped_ = false;
   // A min-heap of the runs whose head is below the limit, by (time, seq).
   struct Head {
     int64_t t;
@@ -166,6 +168,10 @@ size_t Merger::release_locked(std::vector<TraceRecord>& out, int64_t limit, bool
   std::make_heap(heap.begin(), heap.end(), later);
   const size_t first = out.size();
   while (!heap.empty()) {
+    if (out.size() - first >= max) {
+      capped_ = true;
+      break;
+    }
     std::pop_heap(heap.begin(), heap.end(), later);
     Head h = heap.back();
     heap.pop_back();
@@ -184,6 +190,8 @@ size_t Merger::release_locked(std::vector<TraceRecord>& out, int64_t limit, bool
              (r.recs[end].time_ns < until || (first_on_ties && r.recs[end].time_ns == until)))
         ++end;
     }
+    const size_t room = max - (out.size() - first);  // >= 1: checked above
+    if (end - r.pos > room) end = r.pos + room;
     for (size_t i = r.pos; i < end; ++i) {
       const int64_t t = r.recs[i].time_ns;
       if (t < released_upto_)
@@ -220,22 +228,24 @@ size_t Merger::release_locked(std::vector<TraceRecord>& out, int64_t limit, bool
   return n;
 }
 
-size_t Merger::take_ready(std::vector<TraceRecord>& out, int64_t now, int64_t max_wait_ns) {
+size_t Merger::take_ready(std::vector<TraceRecord>& out, int64_t now, int64_t max_wait_ns,
+                          size_t max_records) {
   std::unique_lock lock(mu_);
   // Records held back by the watermark do not count: only new ones may
   // have moved it, and a writer woken for held records would spin.
-  if (max_wait_ns > 0 && pushed_since_take_ < opts_.wake_writer_at)
+  // A take cut short by max_records continues at once.
+  if (max_wait_ns > 0 && !capped_ && pushed_since_take_ < opts_.wake_writer_at)
     wake_.wait_for(lock, std::chrono::nanoseconds(max_wait_ns));
   pushed_since_take_ = 0;
   now = std::max(now, now_ns());
   const int64_t w = watermark_locked(now);
   stats_.watermark = w;
-  return release_locked(out, w, false);
+  return release_locked(out, w, false, max_records);
 }
 
 size_t Merger::take_all(std::vector<TraceRecord>& out) {
   std::lock_guard lock(mu_);
-  return release_locked(out, INT64_MAX, true);
+  return release_locked(out, INT64_MAX, true, SIZE_MAX);
 }
 
 MergeStats Merger::stats() const {

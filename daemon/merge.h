@@ -72,7 +72,10 @@ class Merger {
   // Writer side: wait up to `max_wait_ns` for enough work (or a close), then
   // append to `out`, in time order, every record below the watermark at
   // host time `now`.  Returns how many.
-  size_t take_ready(std::vector<perfq::TraceRecord>& out, int64_t now, int64_t max_wait_ns);
+  // At most max_records at a time: a writer behind a large backlog takes
+  // it in pieces (the next call does not wait) instead of copying it whole.
+  size_t take_ready(std::vector<perfq::TraceRecord>& out, int64_t now, int64_t max_wait_ns,
+                    size_t max_records = SIZE_MAX);
   // Everything still pending, in time order (at stop, after every input closed).
   size_t take_all(std::vector<perfq::TraceRecord>& out);
 
@@ -88,7 +91,8 @@ class Merger {
   static constexpr size_t kSpareRuns = 4;       // drained buffers kept for reuse
 
   int64_t watermark_locked(int64_t now) const;
-  size_t release_locked(std::vector<perfq::TraceRecord>& out, int64_t limit, bool all);
+  size_t release_locked(std::vector<perfq::TraceRecord>& out, int64_t limit, bool all,
+                        size_t max);
   std::vector<perfq::TraceRecord> take_spare_locked();
   static void sort_batch(Input* in, std::vector<perfq::TraceRecord>& records);
 
@@ -100,6 +104,7 @@ class Merger {
   uint64_t next_seq_ = 0;
   size_t pending_ = 0;
   size_t pushed_since_take_ = 0;
+  bool capped_ = false;  // the last take stopped at its max_records
   int64_t released_upto_ = INT64_MIN;
   MergeStats stats_;
 };

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <deque>
 #include <chrono>
 #include <spdlog/spdlog.h>
 
@@ -31,6 +32,7 @@ int64_t now_ns() { return static_cast<int64_t>(monotonic_ns()); }
 // beyond it they are counted as lost (the device cannot be synchronized).
 constexpr size_t kMaxUnconverted = 1 << 20;
 constexpr size_t kDrainBatch = 16384;
+constexpr size_t kWriteBatch = 65536;  // records the writer takes from the merger at a time
 
 }  // namespace
 
@@ -163,6 +165,7 @@ class DeviceRecorder {
   // first ones do not know the drift yet, and one bad round weighs much.
   static constexpr uint64_t kMinModelRounds = 5;
   static constexpr uint32_t kWarmupIntervalMs = 10;
+  static constexpr uint32_t kMaxFastRounds = 300;  // 3 s of 10 ms rounds at most
   std::shared_ptr<const ModelSnapshot> model() const {
     std::lock_guard lock(model_mu_);
     return model_;
@@ -225,11 +228,20 @@ class DeviceRecorder {
         ++rounds_;
       }
       // Until the model has its first rounds, nothing of the device can be
-      // converted and every record waits in memory: take those rounds
-      // quickly (a fit over rounds 10 ms apart brackets the records
-      // between them as well as one over 100 ms), then settle to the
-      // configured interval.
-      const uint32_t interval = taken_rounds_ < kMinModelRounds
+      // converted and every record waits in memory; until it knows the
+      // drift well enough to convert at once (settled()), records wait for
+      // the next round.  Take rounds quickly until then (a fit over rounds
+      // 10 ms apart brackets the records between them as well as one over
+      // 100 ms, and learns the drift sooner), for at most kMaxFastRounds,
+      // then settle to the configured interval.
+      bool fast = taken_rounds_ < kMinModelRounds;
+      if (!fast && fast_rounds_ < kMaxFastRounds && sync.sync().has_model()) {
+        const ClockModel& cm = sync.sync().current();
+        const double reach_ns = 1.5e6 * opts_.sync_interval_ms;
+        fast = 3 * cm.rate_sigma_ppb * 1e-9 * reach_ns > 0.25 * cm.uncertainty_ns;
+      }
+      if (fast) ++fast_rounds_;
+      const uint32_t interval = fast
                                     ? std::min<uint32_t>(opts_.sync_interval_ms, kWarmupIntervalMs)
                                     : opts_.sync_interval_ms;
       wait_stop_for(std::chrono::milliseconds(interval));
@@ -306,42 +318,37 @@ class DeviceRecorder {
         static_cast<int64_t>(kMinModelRounds + 3) * opts_.sync_interval_ms * 1'000'000 +
         200'000'000;
     if (model && !held_.empty() && (model != held_model_ || t0 - held_since_ > hold_limit)) {
-      // A newer model (or the wait is over): release what it covers.
+      // A newer model (or the wait is over): release what it covers.  held_
+      // is in time order and what a model may convert is a prefix of it
+      // (covered by a round, or close enough to the newest), so the scan
+      // stops at the first record it cannot convert: a model every 10 ms
+      // while a million records wait must not go through all of them.
       const bool force = t0 - held_since_ > hold_limit;
-      size_t keep = 0;
-      for (size_t i = 0; i < held_.size(); ++i) {
+      while (!held_.empty()) {
         TraceRecord tr;
-        if (convert(held_[i], model.get(), force, &tr))
-          out.push_back(tr);
-        else
-          held_[keep++] = held_[i];
+        if (!convert(held_.front(), model.get(), force, &tr)) break;
+        out.push_back(tr);
+        held_.pop_front();
+        // Pass a long release on in batches (no bound yet: held_ is older).
+        if (out.size() >= kDrainBatch) rec_.merger().push(input_, out, INT64_MIN);
       }
-      held_.resize(keep);
       held_model_ = model;
       held_since_ = t0;
-      if (!held_.empty()) {
-        held_min_ = held_.front().time;
-        for (const auto& r : held_)
-          if (time_diff(r.time, held_min_) < 0) held_min_ = r.time;
-      }
+      if (!held_.empty()) held_min_ = held_.front().time;
     }
     uint64_t dropped = 0;
+    newly_held_.clear();
     for (const auto& r : batch) {
       TraceRecord tr;
       if (convert(r, model.get(), false, &tr)) {
         out.push_back(tr);
-      } else if (held_.size() < kMaxUnconverted) {
-        if (held_.empty()) {
-          held_since_ = t0;
-          held_min_ = r.time;
-        } else if (time_diff(r.time, held_min_) < 0) {
-          held_min_ = r.time;
-        }
-        held_.push_back(r);
+      } else if (held_.size() + newly_held_.size() < kMaxUnconverted) {
+        newly_held_.push_back(r);
       } else {
         ++dropped;
       }
     }
+    if (!newly_held_.empty()) hold(t0);
     {
       std::lock_guard lock(mu_);
       records_ += batch.size();
@@ -364,6 +371,32 @@ class DeviceRecorder {
                     : INT64_MIN;
     rec_.merger().push(input_, out, bound);  // also says this input is alive
     return static_cast<long>(*n);
+  }
+
+  // Adds newly_held_ to held_, keeping held_ in device time order (each
+  // stream's records come in order; the streams overlap by a batch or so).
+  void hold(int64_t t0) {
+    auto earlier = [](const perfq_record& a, const perfq_record& b) {
+      return time_diff(a.time, b.time) < 0;
+    };
+    std::stable_sort(newly_held_.begin(), newly_held_.end(), earlier);
+    if (held_.empty()) held_since_ = t0;
+    // Take back the end of held_ that the new records overlap, then merge.
+    overlap_.clear();
+    while (!held_.empty() && earlier(newly_held_.front(), held_.back())) {
+      overlap_.push_back(held_.back());
+      held_.pop_back();
+    }
+    std::reverse(overlap_.begin(), overlap_.end());
+    size_t a = 0, b = 0;
+    while (a < overlap_.size() || b < newly_held_.size()) {
+      if (b == newly_held_.size() ||
+          (a < overlap_.size() && !earlier(newly_held_[b], overlap_[a])))
+        held_.push_back(overlap_[a++]);
+      else
+        held_.push_back(newly_held_[b++]);
+    }
+    held_min_ = held_.front().time;
   }
 
   void set_state(const std::string& state, const std::string& error) {
@@ -498,13 +531,15 @@ class DeviceRecorder {
   mutable std::mutex model_mu_;
   std::shared_ptr<const ModelSnapshot> model_;
 
-  std::vector<perfq_record> held_;  // drain thread: waiting for a model that covers them
+  std::deque<perfq_record> held_;  // drain thread: waiting for a model, in device time order
+  std::vector<perfq_record> newly_held_, overlap_;  // drain thread: hold()'s scratch
   std::shared_ptr<const ModelSnapshot> held_model_;
   uint64_t held_min_ = 0;  // the oldest device time in held_
   int64_t held_since_ = 0;
   std::unique_ptr<HostSync> sync_;  // the sync thread's; the drain's after it ended
   std::atomic<bool> sync_done_{false};
   uint64_t taken_rounds_ = 0;  // the sync thread's, then the drain's (after sync_done_)
+  uint32_t fast_rounds_ = 0;   // the sync thread's: rounds taken at the warm-up interval
   uint64_t dropped_no_clock_ = 0;                  // drain thread only
 
   mutable std::mutex mu_;  // guards what status() reads
@@ -812,7 +847,7 @@ void Recording::writer_main() {
     if (all)
       merger_.take_all(out);
     else
-      merger_.take_ready(out, now_ns(), 50'000'000);
+      merger_.take_ready(out, now_ns(), 50'000'000, kWriteBatch);
     if (write_failed_) return;  // keep the merger empty; nothing more can be written
     Status s = write_side_queue();
     if (s && !out.empty()) s = writer_->append_records(out);

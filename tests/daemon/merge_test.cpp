@@ -110,9 +110,11 @@ TEST_CASE("merge: batches whose streams interleave across batches come out in or
     pushed += batch.size();
     // The bound trails the lagging stream.
     m.push(dev, batch, t0 + static_cast<int64_t>((b + 1) * kPer - kLag) * 10 - 100);
-    if (b % 16 == 0) m.take_ready(out, t0, 0);
+    if (b % 16 == 0) m.take_ready(out, t0, 0, 777);  // in pieces
   }
   m.close(dev);
+  while (m.take_ready(out, t0, 0, 1000) == 1000) {
+  }
   m.take_all(out);
   REQUIRE(out.size() == pushed);
   uint64_t disorder = 0, stream_disorder = 0;
@@ -124,6 +126,27 @@ TEST_CASE("merge: batches whose streams interleave across batches come out in or
   CHECK(disorder == 0);
   CHECK(stream_disorder == 0);
   CHECK(m.stats().late == 0);
+  CHECK(m.stats().pending == 0);
+}
+
+TEST_CASE("merge: a take cut short by its maximum goes on at once with the rest",
+          "[merge][daemon]") {
+  Merger m;
+  const int64_t t0 = now();
+  auto* in = m.add_input("in", t0);
+  std::vector<TraceRecord> batch;
+  for (uint64_t i = 0; i < 2500; ++i)
+    batch.push_back(rec(0, i, t0 - 1'000'000 + static_cast<int64_t>(i)));
+  m.push(in, batch, t0);
+  std::vector<TraceRecord> out;
+  CHECK(m.take_ready(out, now(), 0, 1000) == 1000);
+  // Nothing new came, but the last take was capped: no wait for the rest.
+  const int64_t w0 = now();
+  CHECK(m.take_ready(out, now(), 10'000'000'000, 1000) == 1000);
+  CHECK(m.take_ready(out, now(), 10'000'000'000, 1000) == 500);
+  CHECK(now() - w0 < 5'000'000'000);
+  REQUIRE(out.size() == 2500);
+  for (size_t i = 0; i < out.size(); ++i) CHECK(out[i].rec.index == i);
   CHECK(m.stats().pending == 0);
 }
 
