@@ -236,9 +236,8 @@ class DeviceRecorder {
       // then settle to the configured interval.
       bool fast = taken_rounds_ < kMinModelRounds;
       if (!fast && fast_rounds_ < kMaxFastRounds && sync.sync().has_model()) {
-        const ClockModel& cm = sync.sync().current();
-        const double reach_ns = 1.5e6 * opts_.sync_interval_ms;
-        fast = 3 * cm.rate_sigma_ppb * 1e-9 * reach_ns > 0.25 * cm.uncertainty_ns;
+        // Settled as far as records reach between rounds (and a half).
+        fast = !settled_over(sync.sync().current(), 1.5e6 * opts_.sync_interval_ms);
       }
       if (fast) ++fast_rounds_;
       const uint32_t interval = fast
@@ -263,8 +262,9 @@ class DeviceRecorder {
   // the fit brackets it: interpolation, not extrapolation from an older
   // round (which, while the drift is still being learned, can be off by
   // more than a job's cross-bus gaps), or at once when the model is
-  // settled() enough that extrapolating costs next to nothing.  The newest fit of the time's own
-  // segment is used; times before the last clock step use the history.
+  // settled() enough that extrapolating costs next to nothing.  The newest
+  // fit of the time's own segment is used; times before the last clock
+  // step use the history.
   bool convert(const perfq_record& r, const ModelSnapshot* m, bool force, TraceRecord* out) const {
     out->source = source_;
     out->rec = r;
@@ -292,8 +292,11 @@ class DeviceRecorder {
   // after them, and so does a time far ahead (a clock step forward).
   static bool settled(const ModelSnapshot& m, uint64_t d) {
     const ClockModel& c = m.sync.current();
-    const double dx_ns = std::fabs(static_cast<double>(time_diff(d, c.device_ref)) *
-                                   static_cast<double>(c.ns_per_tick));
+    return settled_over(c, std::fabs(static_cast<double>(time_diff(d, c.device_ref)) *
+                                     static_cast<double>(c.ns_per_tick)));
+  }
+  // The rule itself, for a distance of dx_ns host ns from the model's reference.
+  static bool settled_over(const ClockModel& c, double dx_ns) {
     return 3 * c.rate_sigma_ppb * 1e-9 * dx_ns <= 0.25 * c.uncertainty_ns;
   }
 
