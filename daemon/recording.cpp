@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 #include <deque>
+#include <iterator>
 #include <chrono>
 #include <spdlog/spdlog.h>
 
@@ -337,7 +338,6 @@ class DeviceRecorder {
       }
       held_model_ = model;
       held_since_ = t0;
-      if (!held_.empty()) held_min_ = held_.front().time;
     }
     uint64_t dropped = 0;
     newly_held_.clear();
@@ -369,7 +369,7 @@ class DeviceRecorder {
     const bool caught_up = *n < kDrainBatch;
     int64_t bound = caught_up ? t0 - opts_.device_grace_ns : INT64_MIN;
     if (!held_.empty())
-      bound = model ? std::min(bound, static_cast<int64_t>(model->sync.to_host(held_min_)) -
+      bound = model ? std::min(bound, static_cast<int64_t>(model->sync.to_host(held_.front().time)) -
                                           opts_.device_grace_ns)
                     : INT64_MIN;
     rec_.merger().push(input_, out, bound);  // also says this input is alive
@@ -391,15 +391,9 @@ class DeviceRecorder {
       held_.pop_back();
     }
     std::reverse(overlap_.begin(), overlap_.end());
-    size_t a = 0, b = 0;
-    while (a < overlap_.size() || b < newly_held_.size()) {
-      if (b == newly_held_.size() ||
-          (a < overlap_.size() && !earlier(newly_held_[b], overlap_[a])))
-        held_.push_back(overlap_[a++]);
-      else
-        held_.push_back(newly_held_[b++]);
-    }
-    held_min_ = held_.front().time;
+    // On equal times the older records (overlap_) stay first.
+    std::merge(overlap_.begin(), overlap_.end(), newly_held_.begin(), newly_held_.end(),
+               std::back_inserter(held_), earlier);
   }
 
   void set_state(const std::string& state, const std::string& error) {
@@ -489,9 +483,7 @@ class DeviceRecorder {
   // Runs rounds of its own (the sync thread has stopped) until one covers
   // every held record, for at most about a second.
   void wait_for_cover() {
-    uint64_t newest = held_.front().time;
-    for (const auto& r : held_)
-      if (time_diff(r.time, newest) > 0) newest = r.time;
+    const uint64_t newest = held_.back().time;  // held_ is in time order
     // The sync thread's HostSync, once that thread is done with it.
     for (int i = 0; i < 400 && !sync_done_; ++i)
       std::this_thread::sleep_for(std::chrono::milliseconds(5));
@@ -537,7 +529,6 @@ class DeviceRecorder {
   std::deque<perfq_record> held_;  // drain thread: waiting for a model, in device time order
   std::vector<perfq_record> newly_held_, overlap_;  // drain thread: hold()'s scratch
   std::shared_ptr<const ModelSnapshot> held_model_;
-  uint64_t held_min_ = 0;  // the oldest device time in held_
   int64_t held_since_ = 0;
   std::unique_ptr<HostSync> sync_;  // the sync thread's; the drain's after it ended
   std::atomic<bool> sync_done_{false};
