@@ -41,13 +41,21 @@ class ShmTransport final : public DeviceTransport {
     // preempted).  The first read still gets the poll period on top of the
     // timeout, for a device that polls instead of being woken.
     std::this_thread::sleep_for(std::chrono::microseconds(500));
+    const size_t enough = std::min(n, kMinRoundSamples);
+    const uint64_t round_end =
+        monotonic_ns() +
+        static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(timeout).count());
     for (size_t i = 0; i < n; ++i) {
       auto s = timer_.read(i == 0 ? timeout + std::chrono::milliseconds(20) : timeout);
       if (!s) {
+        if (out.size() >= enough) break;  // the round keeps what it has
         timer_.close_window();
-        return Status(s.status().code(), spec_ + ": " + s.status().message());
+        return Status(s.status().code(), spec_ + ": " + s.status().message() + " (" +
+                                             std::to_string(out.size()) + " of " +
+                                             std::to_string(n) + " samples read)");
       }
       out.push_back(*s);
+      if (out.size() >= enough && monotonic_ns() > round_end) break;
     }
     timer_.close_window();
     return out;
@@ -92,6 +100,9 @@ class DevTransport final : public DeviceTransport {
                                           PERFQ_IOC_TIMEOUT_MAX_NS);
     if (::ioctl(fd_.get(), PERFQ_IOC_CLOCK_SAMPLES, &req) != 0) {
       const int err = errno;
+      // The driver hands back the samples it read before a read timed out.
+      if (err == ETIMEDOUT && req.count <= n && req.count >= std::min(n, kMinRoundSamples))
+        return std::vector<perfq_clock_sample>(req.samples, req.samples + req.count);
       if (err == ENODEV) {
         gone_.store(true, std::memory_order_release);
         return Status(Errc::kUnavailable, spec_ + ": device gone");

