@@ -58,6 +58,7 @@ Daemon::Daemon(DaemonConfig config)
 Daemon::~Daemon() {
   shutdown();
   quit_ = true;
+  wake_collector();
   if (collector_.joinable()) collector_.join();
 }
 
@@ -78,7 +79,26 @@ bool Daemon::privileged(const Peer& p) const {
 }
 
 Status Daemon::adopt_app(UniqueFd fd, const json& hello, const Peer& peer) {
-  return apps_.adopt(std::move(fd), hello, peer.cred);
+  // The host input is resumed before the application learns of its ring
+  // (adopt() replies), and the collector checks for applications under the
+  // same lock: it never suspends the input of one that may record.
+  Status s;
+  {
+    std::lock_guard lock(apps_mu_);
+    {
+      std::lock_guard l2(rec_mu_);
+      if (rec_) rec_->resume_host_input();
+    }
+    s = apps_.adopt(std::move(fd), hello, peer.cred);
+    apps_changed_ = true;
+  }
+  wake_collector();
+  return s;
+}
+
+void Daemon::wake_collector() {
+  { std::lock_guard lock(pass_mu_); }  // not between the collector's check and its wait
+  pass_cv_.notify_all();
 }
 
 json Daemon::handle(const json& req, const Peer& peer,
@@ -179,6 +199,13 @@ json Daemon::start(const json& req, const Peer& peer) {
     rec_ = r;
     last_collected_ = true;
   }
+  // The collector attaches to the new recording at once, and suspends its
+  // host input if no application is connected.
+  {
+    std::lock_guard lock(apps_mu_);
+    apps_changed_ = true;
+  }
+  wake_collector();
   // Only now may applications record: the collector has a recording to
   // pass their records to.
   apps_.set_recording(true);
@@ -446,7 +473,26 @@ void Daemon::collector_main() {
       continue;
     }
     if (n > 0) busy.steady();  // a trickle: take it in batches, one wakeup per 2 ms
-    if (attached) {
+    // No application connected, so no ring: nothing can come until one
+    // connects, and adopt_app() wakes us then.  Sleep (a wakeup costs tens
+    // of microseconds on a VM: polling for nothing was a third of an idle
+    // daemon's CPU), with the host input suspended so that it does not hold
+    // the devices' records back meanwhile.
+    bool no_apps = false;
+    {
+      std::lock_guard lock(apps_mu_);
+      if (!apps_changed_.exchange(false) && apps_.apps() == 0 && apps_.rings() == 0) {
+        no_apps = true;
+        if (attached) attached->suspend_host_input();
+      }
+    }
+    if (no_apps) {
+      std::unique_lock lock(pass_mu_);
+      pass_cv_.wait_for(lock, std::chrono::seconds(1), [&] {
+        return pass_wanted_.load() || quit_.load() || apps_changed_.load();
+      });
+      busy.reset();
+    } else if (attached) {
       busy.wait();
     } else {
       // No recording: look for new applications and drop what they write

@@ -83,6 +83,13 @@ class Daemon {
   std::condition_variable pass_cv_;
   uint64_t passes_done_ = 0;
   std::atomic<bool> pass_wanted_{false};
+  // An application connected or a recording started: the collector, asleep
+  // while no application is connected, has work.  Set under apps_mu_ with
+  // the host input resumed, so that an application never records while the
+  // collector's host input is suspended.
+  std::mutex apps_mu_;
+  std::atomic<bool> apps_changed_{false};
+  void wake_collector();
 };
 
 }  // namespace perfqd

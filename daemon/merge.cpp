@@ -128,6 +128,22 @@ void Merger::advance(Input* in, int64_t bound) {
   in->heard_at_ = now;
 }
 
+void Merger::suspend(Input* in) {
+  {
+    std::lock_guard lock(mu_);
+    in->suspended_ = true;
+  }
+  wake_.notify_one();  // the watermark may have moved
+}
+
+void Merger::resume(Input* in, int64_t bound) {
+  const int64_t now = now_ns();
+  std::lock_guard lock(mu_);
+  in->suspended_ = false;
+  if (bound > in->bound_) in->bound_ = bound;
+  in->heard_at_ = now;
+}
+
 void Merger::close(Input* in) {
   {
     std::lock_guard lock(mu_);
@@ -139,7 +155,7 @@ void Merger::close(Input* in) {
 int64_t Merger::watermark_locked(int64_t now) const {
   int64_t w = INT64_MAX;
   for (const auto& in : inputs_) {
-    if (in->closed_) continue;
+    if (in->closed_ || in->suspended_) continue;
     if (now - in->heard_at_ > opts_.stream_timeout_ns) continue;  // timed out
     w = std::min(w, in->bound_);
   }
@@ -234,13 +250,24 @@ size_t Merger::take_ready(std::vector<TraceRecord>& out, int64_t now, int64_t ma
   // Records held back by the watermark do not count: only new ones may
   // have moved it, and a writer woken for held records would spin.
   // A take cut short by max_records continues at once.
-  if (max_wait_ns > 0 && !capped_ && pushed_since_take_ < opts_.wake_writer_at)
-    wake_.wait_for(lock, std::chrono::nanoseconds(max_wait_ns));
+  if (max_wait_ns > 0 && !capped_ && !kicked_ && pushed_since_take_ < opts_.wake_writer_at) {
+    const int64_t wait = pending_ == 0 ? std::max(max_wait_ns, opts_.idle_wait_ns) : max_wait_ns;
+    wake_.wait_for(lock, std::chrono::nanoseconds(wait));
+  }
   pushed_since_take_ = 0;
+  kicked_ = false;
   now = std::max(now, now_ns());
   const int64_t w = watermark_locked(now);
   stats_.watermark = w;
   return release_locked(out, w, false, max_records);
+}
+
+void Merger::wake_writer() {
+  {
+    std::lock_guard lock(mu_);
+    kicked_ = true;
+  }
+  wake_.notify_one();
 }
 
 size_t Merger::take_all(std::vector<TraceRecord>& out) {

@@ -9,6 +9,10 @@
 //   - an input not heard from (no push, no advance) for `stream_timeout`
 //     (its thread is stuck) no longer holds the watermark back;
 //   - the watermark never lags the present by more than `max_delay`.
+// An input with nothing to pass until further notice (the host collector
+// while no application is connected) is suspended: it does not hold the
+// watermark back until it is resumed, with a new bound, before any record
+// it could later pass exists.
 // A record that arrives below what was already released is "late": it is
 // still released (next), and counted.
 //
@@ -42,6 +46,9 @@ struct MergeOptions {
   int64_t max_delay_ns = 2'000'000'000;       // watermark never lags more
   int64_t stream_timeout_ns = 500'000'000;    // a silent input stops holding it
   size_t wake_writer_at = 1 << 16;            // records pushed since the last take that wake the writer
+  // The writer's wait while nothing at all is pending (an idle recording:
+  // every wakeup costs CPU), instead of take_ready()'s max_wait_ns.
+  int64_t idle_wait_ns = 250'000'000;
 };
 
 struct MergeStats {
@@ -68,6 +75,10 @@ class Merger {
   void push(Input* in, std::vector<perfq::TraceRecord>& records, int64_t bound);
   void advance(Input* in, int64_t bound);
   void close(Input* in);  // no more records from this input
+  // Any thread.  resume() sets the bound to at least `bound` and counts as
+  // being heard from.
+  void suspend(Input* in);
+  void resume(Input* in, int64_t bound);
 
   // Writer side: wait up to `max_wait_ns` for enough work (or a close), then
   // append to `out`, in time order, every record below the watermark at
@@ -78,6 +89,8 @@ class Merger {
                     size_t max_records = SIZE_MAX);
   // Everything still pending, in time order (at stop, after every input closed).
   size_t take_all(std::vector<perfq::TraceRecord>& out);
+  // The writer's take_ready() in progress (or the next) returns at once.
+  void wake_writer();
 
   MergeStats stats() const;
 
@@ -105,6 +118,7 @@ class Merger {
   size_t pending_ = 0;
   size_t pushed_since_take_ = 0;
   bool capped_ = false;  // the last take stopped at its max_records
+  bool kicked_ = false;  // wake_writer() since the last take
   int64_t released_upto_ = INT64_MIN;
   MergeStats stats_;
 };
@@ -121,6 +135,7 @@ class Merger::Input {
   int64_t bound_;
   int64_t heard_at_;  // host ns of the last push or advance
   bool closed_ = false;
+  bool suspended_ = false;
   std::vector<Merger::Run> runs_;  // pending, oldest first; each sorted
   // The producer's, for sorting its batches outside the lock.
   std::vector<perfq::TraceRecord> sort_scratch_;

@@ -34,6 +34,12 @@ int64_t now_ns() { return static_cast<int64_t>(monotonic_ns()); }
 constexpr size_t kMaxUnconverted = 1 << 20;
 constexpr size_t kDrainBatch = 16384;
 constexpr size_t kWriteBatch = 65536;  // records the writer takes from the merger at a time
+// The drain of a device that has been quiet for a second sleeps as long as
+// its ring holds records at this rate (10 to 50 ms): each wakeup costs tens
+// of microseconds on a VM, and an idle daemon should cost next to nothing.
+// A burst faster than this right after a quiet second waits in the device's
+// own queues, which keep the oldest records when full.
+constexpr double kQuietDrainRate = 2e6;  // records per second
 
 }  // namespace
 
@@ -409,12 +415,15 @@ class DeviceRecorder {
     DeviceDrain drain(dev_->region());
     std::vector<perfq_record> batch;
     std::vector<TraceRecord> out;
-    // Idle: back off to 1 ms sleeps, and to 10 ms once nothing came for a
-    // quarter second (the device's ring holds 10 ms at several M records/s).
-    // Records coming in: every 1 ms while a poll brings less than a quarter
-    // batch (4 M records/s), back to back above that.
-    Backoff idle(std::chrono::microseconds(1000), 64, std::chrono::microseconds(10000),
-                 std::chrono::microseconds(250000));
+    // Idle: back off to 1 ms sleeps, and once nothing came for a second to
+    // as long as the ring holds at kQuietDrainRate.  Records coming in:
+    // every 1 ms while a poll brings less than a quarter batch (4 M
+    // records/s), back to back above that.
+    const auto quiet_us = static_cast<int64_t>(
+        std::clamp(static_cast<double>(dev_->region().ring_capacity()) / kQuietDrainRate * 1e6,
+                   10'000.0, 50'000.0));
+    Backoff idle(std::chrono::microseconds(1000), 64, std::chrono::microseconds(quiet_us),
+                 std::chrono::microseconds(1'000'000));
     bool ended = false;
     while (!stopping()) {
       const long n = poll_once(drain, batch, out);
@@ -728,6 +737,10 @@ void Recording::on_host_idle(int64_t bound) {
   merger_.push(host_input_, batch, bound);
 }
 
+void Recording::suspend_host_input() { merger_.suspend(host_input_); }
+
+void Recording::resume_host_input() { merger_.resume(host_input_, now_ns() - opts_.host_grace_ns); }
+
 // The kernel collector: everything the BPF program stored, every 10 ms (the
 // program wakes this thread early only when its buffer fills up), into the
 // merger with the host grace; kernel-side drops into the loss table.
@@ -890,6 +903,7 @@ json Recording::stop(const std::function<void(const json&)>& progress) {
     kernel_thread_.join();
   }
   writer_stop_ = true;
+  merger_.wake_writer();
   if (writer_thread_.joinable()) writer_thread_.join();
   Status closed = write_failed_ ? Status::ok() : write_side_queue();
   if (closed && !write_failed_) closed = writer_->close();

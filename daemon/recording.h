@@ -87,6 +87,11 @@ class Recording {
   void on_host_records(uint16_t source, std::span<const perfq_record> records);
   void on_host_losses(const std::vector<perfq::TraceLoss>& losses);
   void on_host_idle(int64_t bound);  // everything the collector will still pass is >= bound
+  // No application is connected: the host input does not hold the merge's
+  // watermark back while the collector sleeps.  resume_host_input() (any
+  // thread) must come before an application that connects may record.
+  void suspend_host_input();
+  void resume_host_input();
   // Host records older than this are left out (set when the collector
   // starts passing records to this recording).
   void set_host_start(int64_t t);

@@ -175,6 +175,59 @@ TEST_CASE("merge: a silent input stops holding the watermark after its timeout",
   CHECK(out[0].time_ns == t0 + 1000);
 }
 
+TEST_CASE("merge: a suspended input does not hold the watermark, and holds it again once resumed",
+          "[merge][daemon]") {
+  MergeOptions o;
+  o.max_delay_ns = 60'000'000'000;
+  o.stream_timeout_ns = 60'000'000'000;
+  Merger m(o);
+  const int64_t t0 = now();
+  auto* dev = m.add_input("device", t0);
+  auto* host = m.add_input("host", t0 - 1'000'000'000);  // far behind, as a sleeping collector
+  std::vector<TraceRecord> batch{rec(1, 0, t0 + 1000), rec(1, 1, t0 + 3000)};
+  m.push(dev, batch, t0 + 5000);
+  std::vector<TraceRecord> out;
+  m.take_ready(out, now(), 0);
+  CHECK(out.empty());  // the host input holds them back
+  m.suspend(host);
+  m.take_ready(out, now(), 0);
+  REQUIRE(out.size() == 2);  // the device's bound alone releases them
+  // Resumed with a bound between the device's next records: it holds back
+  // those above it again, and its own record lands in order among them.
+  m.resume(host, t0 + 6000);
+  std::vector<TraceRecord> more{rec(1, 2, t0 + 5500), rec(1, 3, t0 + 7000)};
+  m.push(dev, more, t0 + 9000);
+  out.clear();
+  m.take_ready(out, now(), 0);
+  REQUIRE(out.size() == 1);
+  CHECK(out[0].time_ns == t0 + 5500);
+  std::vector<TraceRecord> h{rec(0, 0, t0 + 6500)};
+  m.push(host, h, t0 + 8000);
+  m.take_ready(out, now(), 0);
+  REQUIRE(out.size() == 3);
+  CHECK(out[1].time_ns == t0 + 6500);
+  CHECK(out[2].time_ns == t0 + 7000);
+  CHECK(m.stats().late == 0);
+}
+
+TEST_CASE("merge: an idle writer's long wait ends at once when it is woken", "[merge][daemon]") {
+  MergeOptions o;
+  o.idle_wait_ns = 60'000'000'000;  // nothing pending: the writer would wait a minute
+  Merger m(o);
+  m.add_input("quiet", now());
+  std::atomic<bool> returned{false};
+  std::thread writer([&] {
+    std::vector<TraceRecord> out;
+    m.take_ready(out, now(), 50'000'000);
+    returned = true;
+  });
+  const int64_t t0 = now();
+  m.wake_writer();  // before or during its wait: it must not sleep through it
+  writer.join();
+  CHECK(returned);
+  CHECK(now() - t0 < 30'000'000'000);
+}
+
 TEST_CASE("merge: the watermark never lags more than the maximum delay", "[merge][daemon]") {
   MergeOptions o;
   o.max_delay_ns = 30'000'000;
