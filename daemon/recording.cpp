@@ -40,6 +40,10 @@ constexpr size_t kWriteBatch = 65536;  // records the writer takes from the merg
 // A burst faster than this right after a quiet second waits in the device's
 // own queues, which keep the oldest records when full.
 constexpr double kQuietDrainRate = 2e6;  // records per second
+// Device time the drain's model snapshot keeps history for: records reach
+// the drain seconds after they were taken at most, unless it stalls; an
+// older one is converted with the oldest model kept for its segment.
+constexpr double kSnapshotHorizonS = 60;
 
 }  // namespace
 
@@ -162,8 +166,12 @@ class DeviceRecorder {
  private:
   // The clock model the drain converts with: replaced by the sync thread
   // after every round the model took in.
+  // What the drain converts with: the current model, and the history of
+  // the last kSnapshotHorizonS seconds (a copy of the whole history each
+  // round would cost more with every round of a long recording).
   struct ModelSnapshot {
-    ClockSync sync;
+    ClockModel current;
+    PiecewiseModel history;
     uint64_t covered_device = 0;  // device time of the newest observation in it
     int64_t covered_host = 0;     // its host time
     uint64_t rounds = 0;          // rounds taken into the model so far
@@ -173,6 +181,17 @@ class DeviceRecorder {
   static constexpr uint64_t kMinModelRounds = 5;
   static constexpr uint32_t kWarmupIntervalMs = 10;
   static constexpr uint32_t kMaxFastRounds = 300;  // 3 s of 10 ms rounds at most
+  static std::shared_ptr<const ModelSnapshot> snapshot(const HostSync& sync,
+                                                       const SyncObservation& newest,
+                                                       uint64_t rounds) {
+    const auto horizon = static_cast<uint64_t>(kSnapshotHorizonS *
+                                               static_cast<double>(sync.rates().device_hz));
+    const uint64_t d = newest.device_time;
+    return std::make_shared<const ModelSnapshot>(
+        ModelSnapshot{sync.sync().current(), sync.sync().history().recent(d > horizon ? d - horizon : 0),
+                      d, static_cast<int64_t>(newest.host_ns), rounds});
+  }
+
   std::shared_ptr<const ModelSnapshot> model() const {
     std::lock_guard lock(model_mu_);
     return model_;
@@ -211,9 +230,7 @@ class DeviceRecorder {
                            r->verdict == ClockSync::Verdict::kNewSegment;
         if (taken) ++taken_rounds_;
         if (has && taken) {
-          auto snap = std::make_shared<const ModelSnapshot>(
-              ModelSnapshot{sync.sync(), r->observation.device_time,
-                            static_cast<int64_t>(r->observation.host_ns), taken_rounds_});
+          auto snap = snapshot(sync, r->observation, taken_rounds_);
           {
             std::lock_guard lock(model_mu_);
             model_ = std::move(snap);
@@ -283,11 +300,10 @@ class DeviceRecorder {
     if (!force && (m->rounds < kMinModelRounds ||
                    (time_diff(m->covered_device, r.time) < 0 && !settled(*m, r.time))))
       return false;
-    const PiecewiseModel& h = m->sync.history();
+    const PiecewiseModel& h = m->history;
     const int seg = h.segment_for(r.time);
     const bool current = seg >= 0 && static_cast<size_t>(seg) + 1 == h.segments().size();
-    out->time_ns = static_cast<int64_t>(current ? m->sync.current().to_host(r.time)
-                                                : m->sync.to_host(r.time));
+    out->time_ns = static_cast<int64_t>(current ? m->current.to_host(r.time) : h.to_host(r.time));
     return true;
   }
 
@@ -298,7 +314,7 @@ class DeviceRecorder {
   // about a second into a recording; until then records wait for a round
   // after them, and so does a time far ahead (a clock step forward).
   static bool settled(const ModelSnapshot& m, uint64_t d) {
-    const ClockModel& c = m.sync.current();
+    const ClockModel& c = m.current;
     return settled_over(c, std::fabs(static_cast<double>(time_diff(d, c.device_ref)) *
                                      static_cast<double>(c.ns_per_tick)));
   }
@@ -375,7 +391,7 @@ class DeviceRecorder {
     const bool caught_up = *n < kDrainBatch;
     int64_t bound = caught_up ? t0 - opts_.device_grace_ns : INT64_MIN;
     if (!held_.empty())
-      bound = model ? std::min(bound, static_cast<int64_t>(model->sync.to_host(held_.front().time)) -
+      bound = model ? std::min(bound, static_cast<int64_t>(model->history.to_host(held_.front().time)) -
                                           opts_.device_grace_ns)
                     : INT64_MIN;
     rec_.merger().push(input_, out, bound);  // also says this input is alive
@@ -506,9 +522,7 @@ class DeviceRecorder {
         continue;
       }
       if (!sync->sync().has_model()) continue;
-      auto snap = std::make_shared<const ModelSnapshot>(
-          ModelSnapshot{sync->sync(), r->observation.device_time,
-                        static_cast<int64_t>(r->observation.host_ns), ++taken_rounds_});
+      auto snap = snapshot(*sync, r->observation, ++taken_rounds_);
       const SyncRound& sr = sync->rounds().back();
       std::vector<TraceSyncSample> ss = samples_of(sr);
       TraceClockModel m{source_, now_ns(), sync->sync().current().to_abi()};

@@ -284,6 +284,24 @@ ClockModel PiecewiseModel::model_at(uint64_t d) const {
   return it == k.begin() ? k.front() : *(it - 1);
 }
 
+PiecewiseModel PiecewiseModel::recent(uint64_t from_device) const {
+  PiecewiseModel out(interpolate_);
+  out.segments_.reserve(segments_.size());
+  for (const auto& s : segments_) {
+    Segment c;
+    c.id = s.id;
+    c.valid_from = s.valid_from;
+    c.valid_until = s.valid_until;
+    const auto& k = s.knots;
+    auto it = std::upper_bound(k.begin(), k.end(), from_device,
+                               [](uint64_t v, const ClockModel& m) { return v < m.device_ref; });
+    if (it != k.begin()) --it;  // the knot in use at from_device (or the last)
+    c.knots.assign(it, k.end());
+    out.segments_.push_back(std::move(c));
+  }
+  return out;
+}
+
 std::vector<perfq_sync_model> PiecewiseModel::to_abi() const {
   std::vector<perfq_sync_model> out;
   for (const auto& s : segments_)

@@ -594,6 +594,56 @@ TEST_CASE("sync: steps start segments, a single outlier does not", "[sync]") {
   CHECK(oe.p(0.99) <= 500);
 }
 
+TEST_CASE("sync: the recent part of the history converts recent times as the whole does",
+          "[sync]") {
+  Sim sim;
+  sim.H0 = 3'000'000'000'000ULL;
+  sim.D0 = 500'000'000'000ULL;
+  sim.drift = 120e-6L;
+  sim.jitter_ns = 500;
+  sim.steps = {{3.05e9L, 1e9L}, {6.05e9L, -3e6L}};
+  ClockSync sync(sim.rates());
+  for (uint32_t i = 0; i < 120; ++i) {
+    const SyncRound r = sim.round_at(static_cast<long double>(i) * 100e6L, i);
+    auto o = make_observation(r.host, r.device, sim.rates(), {}, r.round);
+    REQUIRE(o.is_ok());
+    sync.add(o.value());
+  }
+  const PiecewiseModel& all = sync.history();
+  REQUIRE(all.segments().size() == 3);
+  size_t all_knots = 0;
+  for (const auto& seg : all.segments()) all_knots += seg.knots.size();
+  // From a time in the middle segment, and from one in the last.
+  for (long double from_t : {4.5e9L, 9.0e9L}) {
+    const uint64_t from = sim.D(from_t);
+    const PiecewiseModel recent = all.recent(from);
+    REQUIRE(recent.segments().size() == all.segments().size());
+    size_t kept = 0;
+    for (size_t i = 0; i < recent.segments().size(); ++i) {
+      const auto& a = all.segments()[i];
+      const auto& b = recent.segments()[i];
+      CHECK(b.id == a.id);
+      CHECK(b.valid_from == a.valid_from);
+      CHECK(b.valid_until == a.valid_until);
+      CHECK_FALSE(b.knots.empty());
+      kept += b.knots.size();
+    }
+    INFO("from " << from_t / 1e9L << " s: " << kept << " of " << all_knots << " knots kept");
+    CHECK(kept < all_knots);
+    // Every device time from `from` on converts exactly as with the whole
+    // history, on both sides of the steps after it.
+    uint64_t compared = 0;
+    for (long double t = 0; t < 12.5e9L; t += 7.3e6L) {
+      const uint64_t d = sim.D(t);
+      if (d < from) continue;
+      ++compared;
+      REQUIRE(recent.to_host(d) == all.to_host(d));
+      REQUIRE(recent.model_at(d).device_ref == all.model_at(d).device_ref);
+    }
+    CHECK(compared > 300);
+  }
+}
+
 // ---- offline ---------------------------------------------------------------------------------------
 
 TEST_CASE("sync: offline re-synchronization beats or equals online", "[sync]") {

@@ -209,6 +209,12 @@ class PiecewiseModel {
   ClockModel model_at(uint64_t device_time) const;
   // Every knot as an ABI model, for the trace file.
   std::vector<perfq_sync_model> to_abi() const;
+  // The same model for device times from `from_device` on: each segment
+  // keeps the knot in use at from_device and those after it (at least its
+  // last).  Converts every d >= from_device exactly as this one does; an
+  // older d gets its segment's oldest kept knot.  For a copy per sync round
+  // that costs what the recent past holds, not the whole recording.
+  PiecewiseModel recent(uint64_t from_device) const;
 
  private:
   uint64_t convert(const Segment& s, uint64_t d) const;
