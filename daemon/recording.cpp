@@ -83,6 +83,7 @@ class DeviceRecorder {
     input_ = rec_.merger().add_input(dev_->spec(), now_ns() - o.device_grace_ns);
     HostSyncOptions so;
     so.mode = o.sync_mode;
+    so.keep_rounds = 1;  // each round goes to the trace at once
     sync_ = std::make_unique<HostSync>(*dev_, so);
     sync_thread_ = std::thread([this] {
       pthread_setname_np(pthread_self(), "pq-sync");

@@ -148,6 +148,9 @@ Result<RoundResult> HostSync::round() {
     __atomic_store_n(&page->mode, static_cast<uint32_t>(PERFQ_SYNC_MODE_A), __ATOMIC_RELEASE);
   }
   if (sync_.has_model()) publish_clock_model(page, sync_.current());
+  const size_t keep = std::max<size_t>(opts_.keep_rounds, 1);
+  if (rounds_.size() / 2 >= keep)  // in halves: amortized O(1) per round
+    rounds_.erase(rounds_.begin(), rounds_.end() - static_cast<std::ptrdiff_t>(keep - 1));
   rounds_.push_back(SyncRound{r, std::move(host.value()), std::move(dev->samples)});
   res.cpu_ns = thread_cpu_ns() - cpu0;
   return res;

@@ -9,6 +9,7 @@
 #include "perfq/device.h"
 #include "perfq/device_clock.h"
 #include "perfq/drain.h"
+#include "perfq/host_sync.h"
 #include "perfq/jobq.h"
 #include "perfq/region.h"
 #include "perfq/sync_buffer.h"
@@ -310,6 +311,41 @@ TEST_CASE("timer: a round with fewer answers than it needs fails with what it re
   read.append(" of 48 samples read");
   CHECK(s.status().message().find(read) != std::string::npos);
   CHECK(s.status().message().find(shm.path()) != std::string::npos);
+}
+
+TEST_CASE("host sync: a recorder keeps only the last rounds' samples", "[device][timer][sync]") {
+  TempShm shm("sync-keep");
+  Region region = make_region(shm, 64);
+  SimClock clock({});
+  TimerServer server(region, clock);
+  std::atomic<bool> stop{false};
+  std::thread srv([&] { server.run(stop); });
+  auto t = open_transport("shm:" + shm.path());
+  REQUIRE(t.is_ok());
+  const size_t keep = GENERATE(as<size_t>{}, 1, 3, SIZE_MAX);
+  HostSyncOptions o;
+  o.samples = 8;
+  o.keep_rounds = keep;
+  HostSync hs(**t, o);
+  const uint32_t n = 25;
+  for (uint32_t i = 0; i < n; ++i) {
+    auto r = hs.round();
+    INFO(r.status().message());
+    REQUIRE(r.is_ok());
+    // The last round is always there, with its own samples.
+    REQUIRE_FALSE(hs.rounds().empty());
+    CHECK(hs.rounds().back().round == hs.rounds_done());
+    CHECK(hs.rounds().back().host.size() <= 8);
+    CHECK(hs.rounds().back().host.size() >= DeviceTransport::kMinRoundSamples);
+    CHECK(hs.rounds().size() <= std::min<size_t>(2 * keep, i + 1));
+    CHECK(hs.rounds().size() >= std::min<size_t>(keep, i + 1));
+  }
+  stop = true;
+  srv.join();
+  // Oldest first, consecutive.
+  for (size_t i = 1; i < hs.rounds().size(); ++i)
+    CHECK(hs.rounds()[i].round == hs.rounds()[i - 1].round + 1);
+  if (keep == SIZE_MAX) CHECK(hs.rounds().size() == n);
 }
 
 TEST_CASE("timer: the server sleeps between windows", "[device][timer]") {

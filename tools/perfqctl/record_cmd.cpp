@@ -97,6 +97,7 @@ int run_record(const RecordOptions& o) {
 
   HostSyncOptions so;
   so.mode = o.sync_mode == "b" ? PERFQ_SYNC_MODE_B : PERFQ_SYNC_MODE_A;
+  so.keep_rounds = 1;  // each round goes to the trace at once
   HostSync sync(*dev, so);
   DeviceDrain drain(region);
 
