@@ -84,6 +84,12 @@ class DeviceRecorder {
     HostSyncOptions so;
     so.mode = o.sync_mode;
     so.keep_rounds = 1;  // each round goes to the trace at once
+    // The models the drain converts with reach back kSnapshotHorizonS (the
+    // trace keeps every one): twice that in rounds, not up to 2^18 models
+    // (21 MB) over a long recording.
+    const double horizon_rounds = kSnapshotHorizonS * 1000.0 / std::max(1u, o.sync_interval_ms);
+    so.sync.max_history = static_cast<uint32_t>(
+        std::max(4096.0, 2 * horizon_rounds + static_cast<double>(kMaxFastRounds)));
     sync_ = std::make_unique<HostSync>(*dev_, so);
     sync_thread_ = std::thread([this] {
       pthread_setname_np(pthread_self(), "pq-sync");
