@@ -253,9 +253,11 @@ TEST_CASE("timer: a read with no device answering times out clearly", "[device][
 
 // A device that answers `answers` timer requests of the window, then stops
 // (preempted for good, or hung): a bare server over the timer page.
-void serve_then_stop(const Region& region, uint64_t answers, const std::atomic<bool>& stop) {
+// `last` is the request tag before any read (taken before the thread
+// starts: a read may be posted before the thread first looks).
+void serve_then_stop(const Region& region, uint64_t last, uint64_t answers,
+                     const std::atomic<bool>& stop) {
   perfq_timer_page* t = region.timer();
-  uint64_t last = load_acquire(&t->req_tag);
   for (uint64_t served = 0; served < answers && !stop.load();) {
     const uint64_t req = load_acquire(&t->req_tag);
     if (req == last) {
@@ -277,7 +279,8 @@ TEST_CASE("timer: a device that stops answering partway leaves the round what it
   REQUIRE(t.is_ok());
   const uint64_t answers = DeviceTransport::kMinRoundSamples + GENERATE(as<uint64_t>{}, 0, 7);
   std::atomic<bool> stop{false};
-  std::thread srv([&] { serve_then_stop(region, answers, stop); });
+  const uint64_t tag0 = load_acquire(&region.timer()->req_tag);
+  std::thread srv([&] { serve_then_stop(region, tag0, answers, stop); });
   const uint64_t t0 = monotonic_ns();
   auto s = (*t)->clock_samples(3, 48, std::chrono::milliseconds(30));
   const uint64_t took = monotonic_ns() - t0;
@@ -301,7 +304,9 @@ TEST_CASE("timer: a round with fewer answers than it needs fails with what it re
   auto t = open_transport("shm:" + shm.path());
   REQUIRE(t.is_ok());
   std::atomic<bool> stop{false};
-  std::thread srv([&] { serve_then_stop(region, DeviceTransport::kMinRoundSamples - 1, stop); });
+  const uint64_t tag0 = load_acquire(&region.timer()->req_tag);
+  std::thread srv(
+      [&] { serve_then_stop(region, tag0, DeviceTransport::kMinRoundSamples - 1, stop); });
   auto s = (*t)->clock_samples(4, 48, std::chrono::milliseconds(30));
   stop = true;
   srv.join();
