@@ -495,8 +495,8 @@ void Daemon::collector_main() {
     } else if (attached) {
       busy.wait();
     } else {
-      // No recording: look for new applications and drop what they write
-      // twenty times a second (an idle daemon costs ~0.3% of a core).
+      // No recording, but applications connected: drop what they write
+      // twenty times a second.
       std::unique_lock lock(pass_mu_);
       pass_cv_.wait_for(lock, std::chrono::milliseconds(50), [&] { return pass_wanted_.load() || quit_.load(); });
     }

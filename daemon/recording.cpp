@@ -171,11 +171,10 @@ class DeviceRecorder {
   }
 
  private:
-  // The clock model the drain converts with: replaced by the sync thread
-  // after every round the model took in.
-  // What the drain converts with: the current model, and the history of
-  // the last kSnapshotHorizonS seconds (a copy of the whole history each
-  // round would cost more with every round of a long recording).
+  // The clock model the drain converts with, replaced by the sync thread
+  // after every round the model took in: the current model, and the
+  // history of the last kSnapshotHorizonS seconds (a copy of the whole
+  // history each round would cost more with every round of a recording).
   struct ModelSnapshot {
     ClockModel current;
     PiecewiseModel history;
