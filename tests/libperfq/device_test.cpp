@@ -318,13 +318,25 @@ TEST_CASE("timer: a round with fewer answers than it needs fails with what it re
   CHECK(s.status().message().find(shm.path()) != std::string::npos);
 }
 
+// A device's timer server on its own thread, stopped however the test ends.
+struct RunningTimer {
+  RunningTimer(const Region& region, const DeviceClock& clock)
+      : server(region, clock), thread([this] { server.run(stop); }) {}
+  ~RunningTimer() { finish(); }
+  void finish() {
+    stop = true;
+    if (thread.joinable()) thread.join();
+  }
+  TimerServer server;
+  std::atomic<bool> stop{false};
+  std::thread thread;
+};
+
 TEST_CASE("host sync: a recorder keeps only the last rounds' samples", "[device][timer][sync]") {
   TempShm shm("sync-keep");
   Region region = make_region(shm, 64);
   SimClock clock({});
-  TimerServer server(region, clock);
-  std::atomic<bool> stop{false};
-  std::thread srv([&] { server.run(stop); });
+  RunningTimer timer(region, clock);
   auto t = open_transport("shm:" + shm.path());
   REQUIRE(t.is_ok());
   const size_t keep = GENERATE(as<size_t>{}, 1, 3, SIZE_MAX);
@@ -345,8 +357,7 @@ TEST_CASE("host sync: a recorder keeps only the last rounds' samples", "[device]
     CHECK(hs.rounds().size() <= std::min<size_t>(2 * keep, i + 1));
     CHECK(hs.rounds().size() >= std::min<size_t>(keep, i + 1));
   }
-  stop = true;
-  srv.join();
+  timer.finish();
   // Oldest first, consecutive.
   for (size_t i = 1; i < hs.rounds().size(); ++i)
     CHECK(hs.rounds()[i].round == hs.rounds()[i - 1].round + 1);
@@ -357,20 +368,17 @@ TEST_CASE("timer: the server sleeps between windows", "[device][timer]") {
   TempShm shm("timer-sleep");
   Region region = make_region(shm, 64);
   SimClock clock({});
-  TimerServer server(region, clock);
-  std::atomic<bool> stop{false};
-  std::thread srv([&] { server.run(stop); });
+  RunningTimer timer(region, clock);
   // Measure the server thread's CPU time over a quiet period.
   timespec a, b;
   std::this_thread::sleep_for(std::chrono::milliseconds(20));
   clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &a);
   std::this_thread::sleep_for(std::chrono::milliseconds(300));
   clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &b);
-  stop = true;
-  srv.join();
+  timer.finish();
   const double cpu_ms = (b.tv_sec - a.tv_sec) * 1e3 + (b.tv_nsec - a.tv_nsec) / 1e6;
   CHECK(cpu_ms < 30);  // a spinning server would burn all 300 ms
-  CHECK(server.windows() == 0);
+  CHECK(timer.server.windows() == 0);
 }
 
 TEST_CASE("job queue: channels are claimed, used and released", "[device][jobs]") {
