@@ -42,9 +42,6 @@ class ShmTransport final : public DeviceTransport {
     // timeout, for a device that polls instead of being woken.
     std::this_thread::sleep_for(std::chrono::microseconds(500));
     const size_t enough = std::min(n, kMinRoundSamples);
-    const uint64_t round_end =
-        monotonic_ns() +
-        static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(timeout).count());
     for (size_t i = 0; i < n; ++i) {
       auto s = timer_.read(i == 0 ? timeout + std::chrono::milliseconds(20) : timeout);
       if (!s) {
@@ -55,7 +52,6 @@ class ShmTransport final : public DeviceTransport {
                                              std::to_string(n) + " samples read)");
       }
       out.push_back(*s);
-      if (out.size() >= enough && monotonic_ns() > round_end) break;
     }
     timer_.close_window();
     return out;

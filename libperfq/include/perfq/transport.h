@@ -44,9 +44,9 @@ class DeviceTransport {
   // when it already has kMinRoundSamples (or n): the samples read so far
   // keep their brackets, and a round needs only its best few, so a device
   // that is away for a while costs the round its tail, not the round.  With
-  // fewer, the round fails with kTimeout.  A round that has lasted `timeout`
-  // (every read slow: a saturated machine) ends the same way, rather than
-  // stall its caller for n slow reads.
+  // fewer, the round fails with kTimeout.  Slow reads that each answer in
+  // time are all kept: whether such a round is worth fitting is the sync
+  // gate's choice (by delay), not the transport's.
   static constexpr size_t kMinRoundSamples = 4;
   virtual Result<std::vector<perfq_clock_sample>> clock_samples(
       uint32_t round, size_t n,
