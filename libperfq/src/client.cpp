@@ -3,7 +3,8 @@
 // Per thread, a ThreadState holds the thread's ring (its producer end) and
 // the connection generation the ring belongs to.  The fast path is: one
 // relaxed load of the global generation, compare with the thread's, the
-// ring's `recording` word (relaxed), a clock read, a 32-byte store and a
+// ring's `recording` word (relaxed), a clock read (host_clock.h: the TSC
+// scaled to CLOCK_MONOTONIC where it can be), a 32-byte store and a
 // release of the tail.  Everything else happens on the slow path, under
 // the client mutex: the first event of a thread, and the first event after
 // the generation changed (connected, disconnected, shut down).
@@ -43,6 +44,7 @@
 
 #include "app_proto.h"
 #include "perfq/device_clock.h"
+#include "perfq/host_clock.h"
 #include "perfq/mapping.h"
 #include "perfq/perfq.h"
 #include "perfq/spsc_ring.h"
@@ -57,6 +59,12 @@ using json = nlohmann::json;
 constexpr int kIoTimeoutMs = 2000;
 constexpr auto kBackoffMin = std::chrono::milliseconds(10);
 constexpr auto kBackoffMax = std::chrono::milliseconds(1000);
+
+// poll(2)'s timeout for a wait of `d` (max(): none).
+int poll_timeout(std::chrono::milliseconds d) {
+  if (d == std::chrono::milliseconds::max()) return -1;
+  return static_cast<int>(std::clamp<std::chrono::milliseconds::rep>(d.count(), 1, 60'000));
+}
 
 std::string dump(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
 
@@ -344,7 +352,8 @@ void Client::connector_main() {
         pollfd p[2] = {{cfd, POLLRDHUP, 0}, {wake_.get(), POLLIN, 0}};
         mu_.unlock();
         // conn_ is closed only by this thread, so cfd stays valid here.
-        ::poll(p, 2, -1);
+        // It also keeps the record clock's TSC map current (host_clock.h).
+        ::poll(p, 2, poll_timeout(host_clock_update()));
         mu_.lock();
         if (stopping_) return;
         if (p[0].revents & (POLLRDHUP | POLLHUP | POLLERR | POLLNVAL)) disconnect_locked();
@@ -383,6 +392,7 @@ void Client::connector_main() {
         continue;
       }
     }
+    host_clock_update();  // calibrating before the daemon is there
     if (wait_stop(backoff)) return;
     backoff = std::min(backoff * 2, std::chrono::duration_cast<std::chrono::milliseconds>(kBackoffMax));
   }
@@ -594,7 +604,7 @@ inline void record(uint32_t event, unsigned kind, uint64_t arg) noexcept {
     return;
   }
   const perfq_record r{t->producer.tail(), event, t->stream,
-                       PERFQ_FLAGS(kind, PERFQ_CLOCK_HOST), monotonic_ns(), arg};
+                       PERFQ_FLAGS(kind, PERFQ_CLOCK_HOST), host_clock_ns(), arg};
   // Full ring: refused, never overwritten, counted in the header for the daemon.
   if (PERFQ_UNLIKELY(!t->producer.try_push(r)))
     store_relaxed(&t->spsc->lost, load_relaxed(&t->spsc->lost) + 1);

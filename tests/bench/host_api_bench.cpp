@@ -8,7 +8,9 @@
 //   bare_push_rdtsc_ns       the same stamped with rdtsc instead of the
 //                            clock: the near-physical limit
 //   perfq_instant_nodaemon_ns  perfq_instant() with no daemon (a no-op that counts)
-//   clock_ns                 monotonic_ns() alone, the timestamp's share
+//   clock_ns                 monotonic_ns() alone (clock_gettime)
+//   host_clock_ns            host_clock_ns() alone: the records' timestamp
+//                            (the TSC scaled to CLOCK_MONOTONIC, host_clock.h)
 //
 // Every figure is the median of the repetitions (5 unless
 // --benchmark_repetitions is given); the table is printed at the end and
@@ -32,6 +34,7 @@
 
 #include "perfq/device_clock.h"
 #include "perfq/host_apps.h"
+#include "perfq/host_clock.h"
 #include "perfq/perfq.h"
 #include "perfq/spsc_ring.h"
 #include "bare_ring.h"
@@ -129,6 +132,13 @@ void BM_perfq_instant(benchmark::State& state) {
     state.SkipWithError("no connection to the in-process daemon");
     return;
   }
+  // Measure the steady state: the record clock's TSC map is calibrated in
+  // the first 100-200 ms of a process (clock_gettime until then).
+  const uint64_t t0 = monotonic_ns();
+  while (std::string(host_clock_source()) == "calibrating" &&
+         monotonic_ns() - t0 < 3'000'000'000ull)
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  state.SetLabel(std::string("clock ") + host_clock_source());
   const uint32_t ev = perfq_event("bench", PERFQ_KIND_INSTANT);
   perfq_thread_init("bench");
   perfq_stats before{}, after{};
@@ -170,6 +180,21 @@ void BM_clock(benchmark::State& state) {
   state.SetItemsProcessed(static_cast<int64_t>(i));
 }
 BENCHMARK(BM_clock);
+
+void BM_host_clock(benchmark::State& state) {
+  const uint64_t t0 = monotonic_ns();
+  while (std::string(host_clock_source()) == "calibrating" &&
+         monotonic_ns() - t0 < 3'000'000'000ull)
+    std::this_thread::sleep_for(std::min(host_clock_update(), std::chrono::milliseconds(5)));
+  state.SetLabel(std::string("clock ") + host_clock_source());
+  uint64_t i = 0;
+  for (auto _ : state) {
+    benchmark::DoNotOptimize(host_clock_ns());
+    ++i;
+  }
+  state.SetItemsProcessed(static_cast<int64_t>(i));
+}
+BENCHMARK(BM_host_clock);
 
 class MedianCollector : public benchmark::ConsoleReporter {
  public:
@@ -220,6 +245,7 @@ int run(int argc, char** argv) {
       {"perfq_instant_nodaemon_ns", "bare_push_ns", ns("BM_perfq_instant_nodaemon"),
        ns("BM_bare_push")},
       {"clock_ns", "bare_push_ns", ns("BM_clock"), ns("BM_bare_push")},
+      {"host_clock_ns", "clock_ns", ns("BM_host_clock"), ns("BM_clock")},
       {"bare_push_rdtsc_ns", "bare_push_ns", ns("BM_bare_push_rdtsc"), ns("BM_bare_push")},
   };
   nlohmann::json j = nlohmann::json::array();

@@ -391,6 +391,7 @@ TEST_CASE("host api: an application exiting mid-recording loses nothing of anoth
   REQUIRE(steady.started());
   Collected c;
   REQUIRE(collect_until(apps, c, [&] { return !quitter.running() && !steady.running(); }, 60s));
+  INFO("quitter stderr: " << quitter.err() << "\nsteady stderr: " << steady.err());
   CHECK(quitter.exit_code() == 0);
   CHECK(steady.exit_code() == 0);
   REQUIRE(collect_until(apps, c, [&] { return apps.apps() == 0 && apps.rings() == 0; }));

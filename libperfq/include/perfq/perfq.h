@@ -26,6 +26,15 @@
  * with perfq_thread_init().  When the thread exits, its ring is marked
  * finished; the daemon drains it to the end and retires it.
  *
+ * Time.  Records carry CLOCK_MONOTONIC in ns, the clock of the daemon,
+ * of kernel events and of the device's synchronized times.  Where the TSC
+ * is invariant and the kernel's clocksource is built on it, it is read
+ * with rdtsc and scaled by a map the connector thread measures against
+ * clock_gettime and keeps current (a few ns from clock_gettime, at a third
+ * of its cost in a VM; see perfq/host_clock.h); elsewhere, for the first
+ * 100-200 ms of a process, and with PERFQ_HOST_CLOCK=monotonic in the
+ * environment, with clock_gettime itself.
+ *
  * Threading: every function may be called from any thread, at any time,
  * including before perfq_init() and after perfq_shutdown() (then recording
  * is a no-op).  Recording is not async-signal-safe: do not record from a

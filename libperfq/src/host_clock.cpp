@@ -1,0 +1,247 @@
+#include "perfq/host_clock.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <type_traits>
+
+namespace perfq {
+
+namespace host_clock_detail {
+Published g_published;
+}  // namespace host_clock_detail
+
+namespace {
+
+uint64_t to_mult(long double ns_per_tick) {
+  return static_cast<uint64_t>(std::llround(ns_per_tick * 4294967296.0L));
+}
+
+}  // namespace
+
+void TscCalibrator::pop_front() {
+  std::copy(points_.begin() + 1, points_.begin() + static_cast<long>(n_), points_.begin());
+  --n_;
+}
+
+void TscCalibrator::restart(const TscPoint& p) {
+  points_[0] = p;
+  n_ = 1;
+  has_map_ = false;
+  interval_ = kFirstInterval;
+}
+
+TscCalibrator::Action TscCalibrator::add(const TscPoint& p) {
+  // A bracket much wider than the tightest seen was preempted or
+  // interrupted: skip it (but not forever: a machine may get slower).
+  if (p.width > 4 * min_width_ + 256 && rejected_in_row_ < 8) {
+    ++rejected_in_row_;
+    return Action::kNone;
+  }
+  rejected_in_row_ = 0;
+  min_width_ = std::min(min_width_, p.width);
+  if (n_ > 0 && (p.tsc <= points_[n_ - 1].tsc || p.ns <= points_[n_ - 1].ns)) {
+    // The TSC or the clock did not move forward between two points: not a
+    // clock to extrapolate (a TSC that differs between CPUs, or was reset).
+    ++resets_;
+    const bool had = has_map_;
+    restart(p);
+    if (++resets_in_row_ >= 3) return Action::kDisable;
+    return had ? Action::kWithdraw : Action::kNone;
+  }
+  if (n_ == kMaxPoints) pop_front();
+  points_[n_++] = p;
+  // The rate over the last few seconds: long enough to average the points'
+  // noise away, short enough to follow a change of the clock's rate.
+  while (n_ > 2 && p.ns - points_[1].ns >= kWindowNs) pop_front();
+  std::chrono::milliseconds next = std::min(interval_ * 2, kMaxInterval);
+  if (n_ < 2) {
+    interval_ = next;
+    return Action::kNone;
+  }
+  const TscPoint& o = points_[0];
+  const long double rate = static_cast<long double>(p.ns - o.ns) / static_cast<long double>(p.tsc - o.tsc);
+  if (!(rate >= 0.05L && rate <= 20.0L)) return Action::kDisable;  // 50 MHz .. 20 GHz
+  if (!has_map_) {
+    interval_ = next;
+    if (p.ns - o.ns < kMinBaselineNs) return Action::kNone;
+    map_ = TscMap{p.tsc, p.ns, to_mult(rate)};
+    has_map_ = true;
+    last_error_ns_ = 0;
+    return Action::kPublish;
+  }
+  const uint64_t v = map_.at(p.tsc);
+  const auto err = static_cast<double>(static_cast<int64_t>(v - p.ns));
+  last_error_ns_ = err;
+  if (std::fabs(err) > static_cast<double>(kResetNs)) {
+    ++resets_;
+    restart(p);
+    if (++resets_in_row_ >= 3) return Action::kDisable;
+    return Action::kWithdraw;
+  }
+  resets_in_row_ = 0;
+  if (std::fabs(err) > kFarNs)
+    next = std::max(interval_ / 4, std::chrono::milliseconds(kFirstInterval));
+  else if (std::fabs(err) > kCloseNs)
+    next = interval_;
+  interval_ = next;
+  // Start where the old map is now (no step), and steer so as to meet the
+  // clock, extrapolated at the measured rate, when the next point is due.
+  const long double next_ticks =
+      static_cast<long double>(std::chrono::nanoseconds(interval_).count()) / rate;
+  const long double steer =
+      std::clamp(-static_cast<long double>(err) / next_ticks, -rate * kMaxSlew, rate * kMaxSlew);
+  map_ = TscMap{p.tsc, v, to_mult(rate + steer)};
+  return Action::kPublish;
+}
+
+TscPoint host_clock_sample(int tries) noexcept {
+  TscPoint best{0, monotonic_ns(), UINT64_MAX};
+#if defined(__x86_64__)
+  for (int i = 0; i < tries; ++i) {
+    _mm_lfence();
+    const uint64_t t1 = __rdtsc();
+    _mm_lfence();
+    const uint64_t ns = monotonic_ns();
+    _mm_lfence();
+    const uint64_t t2 = __rdtsc();
+    _mm_lfence();
+    if (t2 >= t1 && t2 - t1 < best.width) best = TscPoint{t1 + (t2 - t1) / 2, ns, t2 - t1};
+  }
+#else
+  (void)tries;
+  best.width = 0;
+#endif
+  return best;
+}
+
+namespace {
+
+bool has_token(const std::string& line, const char* token) {
+  std::istringstream in(line);
+  std::string w;
+  while (in >> w)
+    if (w == token) return true;
+  return false;
+}
+
+// Whether this machine's TSC is a clock: invariant, and what the kernel's
+// own CLOCK_MONOTONIC is built on.
+bool tsc_usable() {
+#if defined(__x86_64__)
+  const char* env = std::getenv("PERFQ_HOST_CLOCK");
+  if (env && std::strcmp(env, "monotonic") == 0) return false;
+  std::ifstream cpu("/proc/cpuinfo");
+  std::string line;
+  bool flags = false;
+  while (std::getline(cpu, line)) {
+    if (line.rfind("flags", 0) != 0) continue;
+    flags = has_token(line, "constant_tsc") && has_token(line, "nonstop_tsc");
+    break;
+  }
+  if (!flags) return false;
+  std::ifstream cs("/sys/devices/system/clocksource/clocksource0/current_clocksource");
+  std::string src;
+  cs >> src;
+  return src == "tsc" || src == "kvm-clock" || src == "hyperv_clocksource_tsc_page";
+#else
+  return false;
+#endif
+}
+
+// Trivially destructible: the connector thread may still calibrate while
+// exit() runs the static destructors.
+struct Updater {
+  std::atomic<pid_t> owner{0};  // the process whose thread calibrates now
+  int enabled = -1;             // -1: not decided yet
+  TscCalibrator cal;
+  uint64_t due_ns = 0;
+};
+Updater g_updater;
+static_assert(std::is_trivially_destructible_v<Updater>);
+
+// Writer side of the sequence word (one writer at a time: g_updater.owner).
+void withdraw() {
+  auto& p = host_clock_detail::g_published;
+  const uint64_t s = p.seq.load(std::memory_order_relaxed);
+  if ((s & 1) == 0) p.seq.store(s + 1, std::memory_order_relaxed);
+}
+
+void publish(const TscMap& m) {
+  auto& p = host_clock_detail::g_published;
+  uint64_t s = p.seq.load(std::memory_order_relaxed);
+  if ((s & 1) == 0) p.seq.store(++s, std::memory_order_relaxed);
+  // Release stores: a reader that sees any new field also sees the odd
+  // sequence word, so its second read of the word tells it to retry.
+  p.base_tsc.store(m.base_tsc, std::memory_order_release);
+  p.base_ns.store(m.base_ns, std::memory_order_release);
+  p.mult.store(m.mult, std::memory_order_release);
+  p.seq.store(s + 1, std::memory_order_release);
+}
+
+}  // namespace
+
+std::chrono::milliseconds host_clock_update() noexcept {
+  using std::chrono::milliseconds;
+  const pid_t me = ::getpid();
+  pid_t expected = 0;
+  if (!g_updater.owner.compare_exchange_strong(expected, me, std::memory_order_acquire)) {
+    // Another thread calibrates; or a fork() copied a calibration in
+    // progress, whose thread does not exist in this process.
+    if (expected == me ||
+        !g_updater.owner.compare_exchange_strong(expected, me, std::memory_order_acquire))
+      return TscCalibrator::kFirstInterval;
+  }
+  struct Release {
+    ~Release() { g_updater.owner.store(0, std::memory_order_release); }
+  } release;
+  try {
+    if (g_updater.enabled < 0) g_updater.enabled = tsc_usable() ? 1 : 0;
+  } catch (...) {
+    g_updater.enabled = 0;
+  }
+  if (!g_updater.enabled) return milliseconds::max();
+  const uint64_t now = monotonic_ns();
+  if (now < g_updater.due_ns)
+    return milliseconds((g_updater.due_ns - now + 999'999) / 1'000'000);
+  switch (g_updater.cal.add(host_clock_sample())) {
+    case TscCalibrator::Action::kPublish:
+      publish(g_updater.cal.map());
+      break;
+    case TscCalibrator::Action::kWithdraw:
+      withdraw();
+      break;
+    case TscCalibrator::Action::kDisable:
+      withdraw();
+      g_updater.enabled = 0;
+      return milliseconds::max();
+    case TscCalibrator::Action::kNone:
+      break;
+  }
+  const milliseconds next = g_updater.cal.next_interval();
+  g_updater.due_ns = now + static_cast<uint64_t>(std::chrono::nanoseconds(next).count());
+  return next;
+}
+
+const char* host_clock_source() noexcept {
+  const uint64_t s = host_clock_detail::g_published.seq.load(std::memory_order_acquire);
+  if (s != 0 && (s & 1) == 0) return "tsc";
+  // enabled is written under the owner flag; a racy read here only picks
+  // between two descriptions.
+  const pid_t me = ::getpid();
+  pid_t expected = 0;
+  if (g_updater.owner.compare_exchange_strong(expected, me, std::memory_order_acquire)) {
+    const int e = g_updater.enabled;
+    g_updater.owner.store(0, std::memory_order_release);
+    if (e == 0) return "monotonic";
+  }
+  return "calibrating";
+}
+
+}  // namespace perfq
