@@ -385,7 +385,7 @@ def sync_round(tmp):
 
 
 # Every figure the table has, in its order (--check looks for each).
-FIGURES = ["bare_ring_rdtsc_ns", "bare_ring_clock_ns", "lttng_ust_ns", "record_ns",
+FIGURES = ["bare_ring_rdtsc_ns", "bare_ring_clock_ns", "host_clock_ns", "lttng_ust_ns", "record_ns",
            "record_ns_vs_lttng", "record_recorded_pct", "device_record_ns",
            "device_record_ns_vs_lttng", "device_delivered_pct", "drain_records_per_s",
            "ring_push_ns", "ring_batch_push_ns", "ring_drain_records_per_s", "e2e_records_per_s", "bytes_per_record",
@@ -444,6 +444,11 @@ def main():
         figs.append(fig("bare_ring_rdtsc_ns", bare, "ns/event", note="baseline: SPSC store + rdtsc"))
         figs.append(fig("bare_ring_clock_ns", bare_clock, "ns/event",
                         note="baseline: SPSC store + clock_gettime"))
+        hc = host.get("BM_host_clock") or {}
+        figs.append(fig("host_clock_ns", ns_per_item(hc), "ns/read",
+                        ns_per_item(host.get("BM_clock")), "clock_gettime_ns",
+                        note="the host records' timestamp, host_clock_ns() (" +
+                             (hc.get("label") or "clock ?") + "), against clock_gettime"))
         figs.append(fig("lttng_ust_ns", lt_ns, "ns/event",
                         note=lt_note or "baseline: LTTng-UST tracepoint, active session"))
         figs.append(fig("record_ns", rec, "ns/event", bare, "bare_ring_rdtsc_ns", "<= 1.5x",
