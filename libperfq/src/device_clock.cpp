@@ -24,15 +24,25 @@ void jitter_delay(uint64_t max_ns) noexcept {
 }
 
 SimClock::SimClock(SimClockConfig cfg) : cfg_(std::move(cfg)) {
+  if (std::fabs(cfg_.drift_ppm) <= kFixedMaxPpm) {
+    fixed_drift_ = true;
+    drift_mult_ = static_cast<Wide>(std::llround(static_cast<long double>(cfg_.drift_ppm) / 1e6L *
+                                                 18446744073709551616.0L));
+  }
   std::sort(cfg_.steps.begin(), cfg_.steps.end(),
             [](const ClockStep& a, const ClockStep& b) { return a.at_ns < b.at_ns; });
 }
 
 uint64_t SimClock::device_time_at(uint64_t t) const noexcept {
   // Modular arithmetic: the offset and steps may be any signed values.
-  const long double drift = static_cast<long double>(t) * cfg_.drift_ppm / 1e6L;
-  uint64_t d = t + static_cast<uint64_t>(cfg_.offset_ns) +
-               static_cast<uint64_t>(static_cast<int64_t>(std::llround(drift)));
+  int64_t drift;
+  if (fixed_drift_) {
+    // |t * mult| < 2^64 * 2^61: fits; rounded to the nearest ns.
+    drift = static_cast<int64_t>((static_cast<Wide>(t) * drift_mult_ + (Wide{1} << 63)) >> 64);
+  } else {
+    drift = static_cast<int64_t>(std::llround(static_cast<long double>(t) * cfg_.drift_ppm / 1e6L));
+  }
+  uint64_t d = t + static_cast<uint64_t>(cfg_.offset_ns) + static_cast<uint64_t>(drift);
   for (const ClockStep& s : cfg_.steps) {
     if (s.at_ns > t) break;
     d += static_cast<uint64_t>(s.step_ns);

@@ -3,6 +3,7 @@
 #include <atomic>
 #include <catch2/catch.hpp>
 #include <cstring>
+#include <random>
 #include <thread>
 #include <vector>
 
@@ -55,6 +56,24 @@ TEST_CASE("sim clock: D and R are exact functions of the true time", "[device][c
   SimClockConfig w;
   w.offset_ns = -static_cast<int64_t>(t0) - 1;
   CHECK(SimClock(w).device_time_at(t0) == ~uint64_t{0});
+}
+
+TEST_CASE("sim clock: its drift is the exact product, rounded, for any time and drift",
+          "[device][clock]") {
+  std::mt19937_64 rng(11);
+  for (double ppm : {0.0, 0.001, -0.5, 40.0, -1000.0, 999.999, 12345.678, -99999.0, 250000.0}) {
+    SimClockConfig c;
+    c.drift_ppm = ppm;
+    SimClock clk(c);
+    for (int i = 0; i < 2000; ++i) {
+      // Times from boot-like to 1970-like to the top of the range.
+      const uint64_t t = rng() >> (rng() % 40);
+      const long double exact = static_cast<long double>(t) * ppm / 1e6L;
+      const auto drift = static_cast<int64_t>(clk.device_time_at(t) - t);
+      INFO("ppm " << ppm << " t " << t);
+      CHECK(std::fabs(static_cast<long double>(drift) - exact) <= 1.0L);
+    }
+  }
 }
 
 TEST_CASE("device: workers, collector and host drain account for every record", "[device][stress]") {

@@ -66,7 +66,14 @@ class SimClock final : public DeviceClock {
   const SimClockConfig& config() const { return cfg_; }
 
  private:
+  __extension__ typedef __int128 Wide;
   SimClockConfig cfg_;
+  // drift_ppm / 1e6 in 0.64 fixed point, when |drift_ppm| <= kFixedMaxPpm:
+  // now() is a worker's hot path, and a long double product costs as much
+  // as the rest of a device record.
+  static constexpr double kFixedMaxPpm = 1e5;
+  bool fixed_drift_ = false;
+  Wide drift_mult_ = 0;
 };
 
 // One device sample for sync mode A: R read before and after D, with the
