@@ -191,6 +191,36 @@ TEST_CASE("devsim: timer reads answer inside the bracket, and time out on a stop
   CHECK(js["timer_reads_served"].get<uint64_t>() >= read + again->size());
 }
 
+TEST_CASE("devsim: with --wait-host the workers emit only once the host opens a sync round",
+          "[devsim][process]") {
+  TempShm shm("devsim-wait");
+  const auto rate = static_cast<uint64_t>(20000 * kRateScale);
+  Child dev({kBin + "/perfq-devsim", "--region", shm.path(), "--create", "--workers", "2",
+             "--rate", std::to_string(rate), "--duration", "0.5", "--wait-host"});
+  REQUIRE(dev.started());
+  Region region = wait_for_region(shm.path(), dev);
+  // No host yet: at this rate a worker that did not wait would have
+  // published thousands of records within the 300 ms.
+  const uint64_t waited_from = monotonic_ns();
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  CHECK(load_acquire(&region.host_ctrl()->tail_mirror) == 0);
+  CHECK(load_acquire(&region.dev_ctrl()->tail) == 0);
+  // The host's first sync round starts them; --duration counts from there.
+  auto t = open_transport("shm:" + shm.path());
+  REQUIRE(t.is_ok());
+  REQUIRE((*t)->clock_samples(1, 8).is_ok());
+  const Drained d = drain_all(region, dev);
+  const auto js = finish(dev);
+  INFO("devsim: " << js.dump());
+  const double waited = js["waited_for_host_s"].get<double>();
+  CHECK(waited >= 0.3);
+  CHECK(waited <= static_cast<double>(monotonic_ns() - waited_from) / 1e9 + 10);
+  CHECK(js["duration_s"].get<double>() >= 0.5);
+  CHECK(js["emitted"].get<uint64_t>() > 0);
+  CHECK(js["dropped"] == 0);
+  CHECK(d.records.size() == js["emitted"].get<uint64_t>());
+}
+
 TEST_CASE("devsim + demo-app: every job runs once with its start/end pair on the device",
           "[devsim][process][jobs]") {
   TempShm shm("devsim-jobs");

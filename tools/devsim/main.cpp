@@ -61,6 +61,7 @@ struct Options {
   uint64_t timer_hz = 1'000'000'000;
   uint64_t timer_offset = 0;
   bool truth = false;
+  bool wait_host = false;
   std::string name = "perfq-devsim";
 };
 
@@ -77,8 +78,12 @@ void sleep_ns(uint64_t ns) {
 constexpr double kBurst = 256;
 constexpr uint64_t kMaxNap = 1'000'000;
 void synthetic_worker(DeviceStream& s, const SimClock& clock, double rate, bool truth,
-                      const std::atomic<bool>& stop) {
+                      const std::atomic<bool>& go, const std::atomic<bool>& stop) {
   if (rate <= 0) return;
+  while (!go.load(std::memory_order_acquire)) {
+    if (stop.load(std::memory_order_relaxed)) return;
+    sleep_ns(100'000);
+  }
   const double period_ns = 1e9 / rate;
   const auto nap = static_cast<uint64_t>(std::min(kBurst * period_ns, double(kMaxNap)));
   const uint64_t start = monotonic_ns();
@@ -189,7 +194,7 @@ int run(const Options& o) {
                                   : "jobworker" + std::to_string(i - o.workers));
   }
 
-  std::atomic<bool> stop_workers{false}, stop_device{false};
+  std::atomic<bool> stop_workers{false}, stop_device{false}, go{!o.wait_host};
   std::atomic<uint64_t> jobs_done{0};
   DeviceCollector collector(r, raw, clock);
   TimerServer timer(r, clock);
@@ -199,7 +204,7 @@ int run(const Options& o) {
   const double per_worker = o.workers ? o.rate / o.workers : 0;
   for (unsigned i = 0; i < o.workers; ++i)
     workers.emplace_back(
-        [&, i] { synthetic_worker(*raw[i], clock, per_worker, o.truth, stop_workers); });
+        [&, i] { synthetic_worker(*raw[i], clock, per_worker, o.truth, go, stop_workers); });
   for (unsigned j = 0; j < job_workers; ++j)
     workers.emplace_back([&, j] {
       job_worker(*raw[o.workers + j], clock, *jobq, j, job_workers, stop_workers, jobs_done);
@@ -213,15 +218,25 @@ int run(const Options& o) {
                static_cast<unsigned long long>(r.ring_capacity()), o.workers, job_workers,
                jobq->channels());
 
-  // Wait for a stop signal or the end of --duration.
+  // Wait for a stop signal or the end of --duration (with --wait-host, from
+  // the host's first sync round: a host that records).
   int sig = 0;
+  uint64_t t_go = o.wait_host ? 0 : t_start;
   for (;;) {
-    timespec ts{0, 100'000'000};
+    // The timer server has answered a read: a sync round was open (the
+    // window itself may open and close between two looks).
+    if (!t_go && (timer.served() > 0 || __atomic_load_n(&r.timer()->window, __ATOMIC_ACQUIRE))) {
+      t_go = monotonic_ns();
+      go.store(true, std::memory_order_release);
+      std::fprintf(stderr, "perfq-devsim: the host is recording; synthetic workers start\n");
+    }
+    timespec ts{0, t_go ? 100'000'000 : 1'000'000};
     sig = sigtimedwait(&sigs, nullptr, &ts);
     if (sig == SIGINT || sig == SIGTERM) break;
-    if (o.duration > 0 && static_cast<double>(monotonic_ns() - t_start) >= o.duration * 1e9) break;
+    if (t_go && o.duration > 0 && static_cast<double>(monotonic_ns() - t_go) >= o.duration * 1e9)
+      break;
   }
-  const double elapsed = static_cast<double>(monotonic_ns() - t_start) / 1e9;
+  const double elapsed = static_cast<double>(monotonic_ns() - (t_go ? t_go : t_start)) / 1e9;
   stop_workers = true;
   for (auto& t : workers) t.join();
   stop_device = true;  // the collector delivers what is queued, then stops
@@ -250,6 +265,7 @@ int run(const Options& o) {
                         {"streams", js},
                         {"jobs_completed", jobs_done.load()},
                         {"duration_s", elapsed},
+                        {"waited_for_host_s", t_go ? static_cast<double>(t_go - t_start) / 1e9 : -1.0},
                         {"region", o.region},
                         {"ring_records", r.ring_capacity()},
                         {"timer_reads_served", timer.served()},
@@ -309,6 +325,10 @@ int main(int argc, char** argv) {
   app.add_option("--device-name", o.name, "Device name published in the region")->capture_default_str();
   app.add_flag("--truth", o.truth,
                "Store the true host CLOCK_MONOTONIC time of each synthetic event in its arg");
+  app.add_flag("--wait-host", o.wait_host,
+               "Synthetic workers start when the host opens its first sync round (a recording "
+               "started), as a device whose tracing the host turns on; --duration counts from "
+               "then. Without it they start at once and fill the ring before anyone drains it");
   CLI11_PARSE(app, argc, argv);
   if (o.step_at.size() != o.step_ns.size()) {
     std::fprintf(stderr, "perfq-devsim: give one --clock-step-ns per --clock-step-at (%zu vs %zu)\n",
