@@ -334,7 +334,14 @@ class DeviceRecorder {
                  std::vector<TraceRecord>& out) {
     const int64_t t0 = now_ns();
     batch.clear();
-    auto n = drain.poll(batch, kDrainBatch);
+    // With kMaxUnconverted records waiting for a clock model, leave the rest
+    // in the device's ring (and its queues, which count what overflows)
+    // rather than drop them here: a slow first model at millions of records
+    // a second must cost latency, not records.
+    // At the stop, take all the device published (the ring bounds it).
+    const size_t cap = draining_out_ ? SIZE_MAX : kMaxUnconverted;
+    const size_t room = held_.size() < cap ? cap - held_.size() : 0;
+    auto n = room ? drain.poll(batch, std::min(kDrainBatch, room)) : Result<size_t>(size_t{0});
     if (dev_->gone()) {
       // The mapping was revoked under us: what this poll read is not data.
       set_state("gone", dev_->spec() + ": the device is gone (removed or reset); the trace "
@@ -373,7 +380,7 @@ class DeviceRecorder {
       TraceRecord tr;
       if (convert(r, model.get(), false, &tr)) {
         out.push_back(tr);
-      } else if (held_.size() + newly_held_.size() < kMaxUnconverted) {
+      } else if (held_.size() + newly_held_.size() < cap) {
         newly_held_.push_back(r);
       } else {
         ++dropped;
@@ -470,6 +477,7 @@ class DeviceRecorder {
     }
     if (!ended) {
       // Stop: take everything the device already published.
+      draining_out_ = true;
       for (int i = 0; i < 4096; ++i) {
         const long n = poll_once(drain, batch, out);
         if (n <= 0) break;
@@ -556,6 +564,7 @@ class DeviceRecorder {
   std::shared_ptr<const ModelSnapshot> model_;
 
   std::deque<perfq_record> held_;  // drain thread: waiting for a model, in device time order
+  bool draining_out_ = false;       // drain thread: stopping, held_ is not capped
   std::vector<perfq_record> newly_held_, overlap_;  // drain thread: hold()'s scratch
   std::shared_ptr<const ModelSnapshot> held_model_;
   int64_t held_since_ = 0;

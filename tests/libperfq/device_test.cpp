@@ -290,6 +290,20 @@ void serve_then_stop(const Region& region, uint64_t last, uint64_t answers,
   }
 }
 
+// serve_then_stop on its own thread, stopped however the test ends.
+struct StoppingServer {
+  StoppingServer(const Region& region, uint64_t answers)
+      : thread([&region, answers, this, tag0 = load_acquire(&region.timer()->req_tag)] {
+          serve_then_stop(region, tag0, answers, stop);
+        }) {}
+  ~StoppingServer() {
+    stop = true;
+    thread.join();
+  }
+  std::atomic<bool> stop{false};
+  std::thread thread;
+};
+
 TEST_CASE("timer: a device that stops answering partway leaves the round what it read",
           "[device][timer]") {
   TempShm shm("timer-partial");
@@ -297,14 +311,10 @@ TEST_CASE("timer: a device that stops answering partway leaves the round what it
   auto t = open_transport("shm:" + shm.path());
   REQUIRE(t.is_ok());
   const uint64_t answers = DeviceTransport::kMinRoundSamples + GENERATE(as<uint64_t>{}, 0, 7);
-  std::atomic<bool> stop{false};
-  const uint64_t tag0 = load_acquire(&region.timer()->req_tag);
-  std::thread srv([&] { serve_then_stop(region, tag0, answers, stop); });
+  StoppingServer srv(region, answers);
   const uint64_t t0 = monotonic_ns();
   auto s = (*t)->clock_samples(3, 48, std::chrono::milliseconds(30));
   const uint64_t took = monotonic_ns() - t0;
-  stop = true;
-  srv.join();
   INFO(s.status().message());
   REQUIRE(s.is_ok());
   CHECK(s->size() == answers);
@@ -322,13 +332,8 @@ TEST_CASE("timer: a round with fewer answers than it needs fails with what it re
   Region region = make_region(shm, 64);
   auto t = open_transport("shm:" + shm.path());
   REQUIRE(t.is_ok());
-  std::atomic<bool> stop{false};
-  const uint64_t tag0 = load_acquire(&region.timer()->req_tag);
-  std::thread srv(
-      [&] { serve_then_stop(region, tag0, DeviceTransport::kMinRoundSamples - 1, stop); });
+  StoppingServer srv(region, DeviceTransport::kMinRoundSamples - 1);
   auto s = (*t)->clock_samples(4, 48, std::chrono::milliseconds(30));
-  stop = true;
-  srv.join();
   REQUIRE_FALSE(s.is_ok());
   CHECK(s.status().code() == Errc::kTimeout);
   std::string read = std::to_string(DeviceTransport::kMinRoundSamples - 1);
