@@ -182,6 +182,7 @@ void publish(const TscMap& m) {
   p.base_tsc.store(m.base_tsc, std::memory_order_release);
   p.base_ns.store(m.base_ns, std::memory_order_release);
   p.mult.store(m.mult, std::memory_order_release);
+  p.reach.store(m.reach(), std::memory_order_release);
   p.seq.store(s + 1, std::memory_order_release);
 }
 

@@ -183,6 +183,21 @@ TEST_CASE("host clock: a TSC that goes backwards or runs at no clock's rate is n
   }
 }
 
+TEST_CASE("host clock: a map is used only from its base to kReachNs after it", "[host_clock]") {
+  const double hz = GENERATE(1.0e9, 2.5e9, 3.7e9);
+  const TscMap m{~uint64_t{0} - 1000, 77, static_cast<uint64_t>(std::llround(1e9 / hz * 4294967296.0))};
+  const uint64_t reach = m.reach();
+  INFO("hz " << hz << " reach " << reach);
+  // kReachNs of ticks, to the tick's rounding.
+  CHECK(std::fabs(static_cast<double>(reach) - TscMap::kReachNs * hz / 1e9) <= 2);
+  CHECK(TscMap::covers(m.base_tsc, reach, m.base_tsc));
+  CHECK(TscMap::covers(m.base_tsc, reach, m.base_tsc + reach));  // across the TSC's wrap
+  CHECK_FALSE(TscMap::covers(m.base_tsc, reach, m.base_tsc + reach + 1));
+  CHECK_FALSE(TscMap::covers(m.base_tsc, reach, m.base_tsc - 1));  // read before a renewal
+  CHECK_FALSE(TscMap::covers(5'000'000'000'000ull, reach, 0x1000));  // a TSC reset
+  CHECK(TscMap{}.reach() == 0);
+}
+
 TEST_CASE("host clock: the real record clock agrees with CLOCK_MONOTONIC, from threads, "
           "while it is recalibrated",
           "[host_clock][threads]") {

@@ -37,7 +37,8 @@ namespace perfq {
 __extension__ typedef __int128 TscProduct;  // a 64 x 64-bit product
 
 // ns = base_ns + (tsc - base_tsc) * mult / 2^32, for tsc on either side of
-// base_tsc.
+// base_tsc (the calibration extrapolates both ways; records use it only
+// within covers()).
 struct TscMap {
   uint64_t base_tsc = 0;
   uint64_t base_ns = 0;
@@ -46,6 +47,19 @@ struct TscMap {
   uint64_t at(uint64_t tsc) const noexcept {
     const auto d = static_cast<TscProduct>(static_cast<int64_t>(tsc - base_tsc));
     return base_ns + static_cast<uint64_t>(static_cast<int64_t>((d * mult) >> 32));
+  }
+  // How far past base_tsc the map is trusted, in ticks: kReachNs.  The map
+  // is renewed every second at most; a TSC further on (a connector thread
+  // that did not run: a stopped process, a suspended machine, whose TSC may
+  // have gone on while CLOCK_MONOTONIC did not) or behind base_tsc (read
+  // just before a renewal, or reset) is left to clock_gettime.
+  static constexpr uint64_t kReachNs = 3'000'000'000;
+  uint64_t reach() const noexcept {
+    return mult ? static_cast<uint64_t>((static_cast<TscProduct>(kReachNs) << 32) / mult) : 0;
+  }
+  // base_tsc <= tsc <= base_tsc + reach, without overflow.
+  static bool covers(uint64_t base, uint64_t reach, uint64_t tsc) noexcept {
+    return tsc - base <= reach;
   }
 };
 
@@ -118,6 +132,7 @@ struct alignas(64) Published {
   std::atomic<uint64_t> base_tsc{0};
   std::atomic<uint64_t> base_ns{0};
   std::atomic<uint64_t> mult{0};
+  std::atomic<uint64_t> reach{0};  // TscMap::reach()
 };
 extern Published g_published;
 }  // namespace host_clock_detail
@@ -132,7 +147,11 @@ inline uint64_t host_clock_ns() noexcept {
     const TscMap m{g_published.base_tsc.load(std::memory_order_acquire),
                    g_published.base_ns.load(std::memory_order_acquire),
                    g_published.mult.load(std::memory_order_acquire)};
-    if (__builtin_expect(g_published.seq.load(std::memory_order_relaxed) == s, 1)) return m.at(tsc);
+    const uint64_t reach = g_published.reach.load(std::memory_order_acquire);
+    if (__builtin_expect(
+            g_published.seq.load(std::memory_order_relaxed) == s && TscMap::covers(m.base_tsc, reach, tsc),
+            1))
+      return m.at(tsc);
   }
 #endif
   return monotonic_ns();
