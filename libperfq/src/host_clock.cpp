@@ -159,7 +159,8 @@ bool tsc_usable() {
 // exit() runs the static destructors.
 struct Updater {
   std::atomic<pid_t> owner{0};  // the process whose thread calibrates now
-  int enabled = -1;             // -1: not decided yet
+  // -1: not decided yet; written by the owner, read by host_clock_source().
+  std::atomic<int> enabled{-1};
   TscCalibrator cal;
   uint64_t due_ns = 0;
 };
@@ -203,11 +204,12 @@ std::chrono::milliseconds host_clock_update() noexcept {
     ~Release() { g_updater.owner.store(0, std::memory_order_release); }
   } release;
   try {
-    if (g_updater.enabled < 0) g_updater.enabled = tsc_usable() ? 1 : 0;
+    if (g_updater.enabled.load(std::memory_order_relaxed) < 0)
+      g_updater.enabled.store(tsc_usable() ? 1 : 0, std::memory_order_relaxed);
   } catch (...) {
-    g_updater.enabled = 0;
+    g_updater.enabled.store(0, std::memory_order_relaxed);
   }
-  if (!g_updater.enabled) return milliseconds::max();
+  if (g_updater.enabled.load(std::memory_order_relaxed) == 0) return milliseconds::max();
   const uint64_t now = monotonic_ns();
   if (now < g_updater.due_ns)
     return milliseconds((g_updater.due_ns - now + 999'999) / 1'000'000);
@@ -220,7 +222,7 @@ std::chrono::milliseconds host_clock_update() noexcept {
       break;
     case TscCalibrator::Action::kDisable:
       withdraw();
-      g_updater.enabled = 0;
+      g_updater.enabled.store(0, std::memory_order_relaxed);
       return milliseconds::max();
     case TscCalibrator::Action::kNone:
       break;
@@ -233,16 +235,7 @@ std::chrono::milliseconds host_clock_update() noexcept {
 const char* host_clock_source() noexcept {
   const uint64_t s = host_clock_detail::g_published.seq.load(std::memory_order_acquire);
   if (s != 0 && (s & 1) == 0) return "tsc";
-  // enabled is written under the owner flag; a racy read here only picks
-  // between two descriptions.
-  const pid_t me = ::getpid();
-  pid_t expected = 0;
-  if (g_updater.owner.compare_exchange_strong(expected, me, std::memory_order_acquire)) {
-    const int e = g_updater.enabled;
-    g_updater.owner.store(0, std::memory_order_release);
-    if (e == 0) return "monotonic";
-  }
-  return "calibrating";
+  return g_updater.enabled.load(std::memory_order_relaxed) == 0 ? "monotonic" : "calibrating";
 }
 
 }  // namespace perfq

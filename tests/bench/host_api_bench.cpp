@@ -125,6 +125,18 @@ void BM_bare_push_rdtsc(benchmark::State& state) {
 }
 BENCHMARK(BM_bare_push_rdtsc);
 
+// Measure the steady state: the record clock's TSC map is calibrated in the
+// first 100-200 ms of a process (clock_gettime until then).  Calibrates
+// from this thread too (a connector may be doing it already), labels the
+// run with the clock used.
+void settle_host_clock(benchmark::State& state) {
+  const uint64_t t0 = monotonic_ns();
+  while (std::string(host_clock_source()) == "calibrating" &&
+         monotonic_ns() - t0 < 3'000'000'000ull)
+    std::this_thread::sleep_for(std::min(host_clock_update(), std::chrono::milliseconds(5)));
+  state.SetLabel(std::string("clock ") + host_clock_source());
+}
+
 void BM_perfq_instant(benchmark::State& state) {
   BenchDaemon daemon;
   perfq_shutdown();
@@ -132,13 +144,7 @@ void BM_perfq_instant(benchmark::State& state) {
     state.SkipWithError("no connection to the in-process daemon");
     return;
   }
-  // Measure the steady state: the record clock's TSC map is calibrated in
-  // the first 100-200 ms of a process (clock_gettime until then).
-  const uint64_t t0 = monotonic_ns();
-  while (std::string(host_clock_source()) == "calibrating" &&
-         monotonic_ns() - t0 < 3'000'000'000ull)
-    std::this_thread::sleep_for(std::chrono::milliseconds(5));
-  state.SetLabel(std::string("clock ") + host_clock_source());
+  settle_host_clock(state);
   const uint32_t ev = perfq_event("bench", PERFQ_KIND_INSTANT);
   perfq_thread_init("bench");
   perfq_stats before{}, after{};
@@ -182,11 +188,7 @@ void BM_clock(benchmark::State& state) {
 BENCHMARK(BM_clock);
 
 void BM_host_clock(benchmark::State& state) {
-  const uint64_t t0 = monotonic_ns();
-  while (std::string(host_clock_source()) == "calibrating" &&
-         monotonic_ns() - t0 < 3'000'000'000ull)
-    std::this_thread::sleep_for(std::min(host_clock_update(), std::chrono::milliseconds(5)));
-  state.SetLabel(std::string("clock ") + host_clock_source());
+  settle_host_clock(state);
   uint64_t i = 0;
   for (auto _ : state) {
     benchmark::DoNotOptimize(host_clock_ns());
