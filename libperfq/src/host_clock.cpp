@@ -1,13 +1,12 @@
 #include "perfq/host_clock.h"
 
+#include <fcntl.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
-#include <fstream>
-#include <sstream>
 #include <string>
 #include <type_traits>
 
@@ -123,11 +122,33 @@ TscPoint host_clock_sample(int tries) noexcept {
 
 namespace {
 
-bool has_token(const std::string& line, const char* token) {
-  std::istringstream in(line);
-  std::string w;
-  while (in >> w)
-    if (w == token) return true;
+// Reads the start of a small file into buf (NUL-terminated): no heap, since
+// the connector thread may be here while the process exits (LeakSanitizer
+// saw a std::ifstream's buffer as leaked then).
+size_t read_head(const char* path, char* buf, size_t cap) {
+  const int fd = ::open(path, O_RDONLY | O_CLOEXEC);
+  size_t n = 0;
+  if (fd >= 0) {
+    while (n + 1 < cap) {
+      const ssize_t r = ::read(fd, buf + n, cap - 1 - n);
+      if (r <= 0) break;
+      n += static_cast<size_t>(r);
+    }
+    ::close(fd);
+  }
+  buf[n] = '\0';
+  return n;
+}
+
+// Whether `word` is a whole space-separated word of line [b, e).
+bool has_word(const char* b, const char* e, const char* word) {
+  const size_t len = std::strlen(word);
+  for (const char* p = b; p + len <= e; ++p) {
+    if (std::strncmp(p, word, len) != 0) continue;
+    const bool start = p == b || p[-1] == ' ' || p[-1] == '\t';
+    const bool end = p + len == e || p[len] == ' ' || p[len] == '\n';
+    if (start && end) return true;
+  }
   return false;
 }
 
@@ -137,19 +158,20 @@ bool tsc_usable() {
 #if defined(__x86_64__)
   const char* env = std::getenv("PERFQ_HOST_CLOCK");
   if (env && std::strcmp(env, "monotonic") == 0) return false;
-  std::ifstream cpu("/proc/cpuinfo");
-  std::string line;
-  bool flags = false;
-  while (std::getline(cpu, line)) {
-    if (line.rfind("flags", 0) != 0) continue;
-    flags = has_token(line, "constant_tsc") && has_token(line, "nonstop_tsc");
-    break;
-  }
-  if (!flags) return false;
-  std::ifstream cs("/sys/devices/system/clocksource/clocksource0/current_clocksource");
-  std::string src;
-  cs >> src;
-  return src == "tsc" || src == "kvm-clock" || src == "hyperv_clocksource_tsc_page";
+  // The first CPU's flags line is within the first few KiB.
+  char cpu[16384];
+  read_head("/proc/cpuinfo", cpu, sizeof(cpu));
+  const char* f = std::strstr(cpu, "\nflags");
+  if (!f) return false;
+  ++f;
+  const char* e = std::strchr(f, '\n');
+  if (!e) return false;  // cut: not the whole line
+  if (!has_word(f, e, "constant_tsc") || !has_word(f, e, "nonstop_tsc")) return false;
+  char src[64];
+  read_head("/sys/devices/system/clocksource/clocksource0/current_clocksource", src, sizeof(src));
+  src[std::strcspn(src, "\n")] = '\0';
+  return std::strcmp(src, "tsc") == 0 || std::strcmp(src, "kvm-clock") == 0 ||
+         std::strcmp(src, "hyperv_clocksource_tsc_page") == 0;
 #else
   return false;
 #endif
@@ -203,12 +225,8 @@ std::chrono::milliseconds host_clock_update() noexcept {
   struct Release {
     ~Release() { g_updater.owner.store(0, std::memory_order_release); }
   } release;
-  try {
-    if (g_updater.enabled.load(std::memory_order_relaxed) < 0)
-      g_updater.enabled.store(tsc_usable() ? 1 : 0, std::memory_order_relaxed);
-  } catch (...) {
-    g_updater.enabled.store(0, std::memory_order_relaxed);
-  }
+  if (g_updater.enabled.load(std::memory_order_relaxed) < 0)
+    g_updater.enabled.store(tsc_usable() ? 1 : 0, std::memory_order_relaxed);
   if (g_updater.enabled.load(std::memory_order_relaxed) == 0) return milliseconds::max();
   const uint64_t now = monotonic_ns();
   if (now < g_updater.due_ns)
