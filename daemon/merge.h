@@ -30,12 +30,14 @@
 // one mutex guards the pending records.
 #pragma once
 
+#include <algorithm>
 #include <condition_variable>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <mutex>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "perfq/trace.h"
@@ -141,6 +143,58 @@ class Merger::Input {
   std::vector<perfq::TraceRecord> sort_scratch_;
   std::vector<size_t> sort_bounds_;
   std::vector<perfq::TraceRecord> merge_scratch_;  // under the merger's lock
+};
+
+// What a producer that reads several in-order streams from one queue can
+// promise the merge when it is behind (its read came back full): each
+// stream's records come in time order, so what is still queued is no older
+// than the least of the streams' newest times read, less the queue's
+// latency between streams (`grace_ns`: its collector moves every stream in
+// each pass).  That holds for a read that spans a whole pass of the
+// collector, so that it sees every stream with records (a drain's batch of
+// 16 Ki records spans many); a stream it missed may bring records below the
+// bound, which the merge releases late and counts.
+// One per producer thread; note() every record read, then bound(), then
+// clear() before the next read.  Past kMaxStreams streams in one read there
+// is no bound (INT64_MIN): a search per record must stay short whatever
+// stream ids a device writes.
+class StreamFrontier {
+ public:
+  static constexpr size_t kMaxStreams = 64;
+
+  void clear() {
+    newest_.clear();
+    overflow_ = false;
+  }
+  void note(uint16_t stream, int64_t t) {
+    if (overflow_) return;
+    if (!newest_.empty() && newest_.back().first == stream) {  // runs of one stream
+      newest_.back().second = std::max(newest_.back().second, t);
+      return;
+    }
+    for (auto& [s, newest] : newest_)
+      if (s == stream) {
+        newest = std::max(newest, t);
+        return;
+      }
+    if (newest_.size() == kMaxStreams) {
+      overflow_ = true;
+      return;
+    }
+    newest_.emplace_back(stream, t);
+  }
+  // min(least newest, now) - grace_ns; INT64_MIN with nothing noted or
+  // too many streams.
+  int64_t bound(int64_t now, int64_t grace_ns) const {
+    if (newest_.empty() || overflow_) return INT64_MIN;
+    int64_t least = now;
+    for (const auto& [s, t] : newest_) least = std::min(least, t);
+    return least - grace_ns;
+  }
+
+ private:
+  std::vector<std::pair<uint16_t, int64_t>> newest_;
+  bool overflow_ = false;
 };
 
 }  // namespace perfqd

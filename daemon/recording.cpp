@@ -376,10 +376,12 @@ class DeviceRecorder {
     }
     uint64_t dropped = 0;
     newly_held_.clear();
+    frontier_.clear();
     for (const auto& r : batch) {
       TraceRecord tr;
       if (convert(r, model.get(), false, &tr)) {
         out.push_back(tr);
+        frontier_.note(r.stream, tr.time_ns);
       } else if (held_.size() + newly_held_.size() < cap) {
         newly_held_.push_back(r);
       } else {
@@ -401,8 +403,14 @@ class DeviceRecorder {
     // device may still hold records up to its collector's latency.
     // Held records will land near where the current model puts the oldest
     // of them (less the device latency, for what the model does not know).
+    // A full poll (the drain is behind the device) read each of its
+    // streams up to some time: StreamFrontier.  Without that bound the
+    // merge could release nothing while the drain is behind, and the
+    // daemon would hold everything it read in memory until the merge's
+    // max_delay (2 s of records).
     const bool caught_up = *n < kDrainBatch;
     int64_t bound = caught_up ? t0 - opts_.device_grace_ns : INT64_MIN;
+    if (!caught_up) bound = frontier_.bound(t0, opts_.device_grace_ns);
     if (!held_.empty())
       bound = model ? std::min(bound, static_cast<int64_t>(model->history.to_host(held_.front().time)) -
                                           opts_.device_grace_ns)
@@ -566,6 +574,7 @@ class DeviceRecorder {
   std::deque<perfq_record> held_;  // drain thread: waiting for a model, in device time order
   bool draining_out_ = false;       // drain thread: stopping, held_ is not capped
   std::vector<perfq_record> newly_held_, overlap_;  // drain thread: hold()'s scratch
+  StreamFrontier frontier_;  // drain thread: each stream's newest converted time in a poll
   std::shared_ptr<const ModelSnapshot> held_model_;
   int64_t held_since_ = 0;
   std::unique_ptr<HostSync> sync_;  // the sync thread's; the drain's after it ended

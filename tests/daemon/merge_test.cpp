@@ -251,5 +251,67 @@ TEST_CASE("merge: the watermark never lags more than the maximum delay", "[merge
   CHECK(m.stats().late == 1);
 }
 
+// A drain that is behind reads several in-order streams from one ring: what
+// is still in the ring is no older than the least of the streams' newest
+// times read, less the ring's latency between streams.  Checked against a
+// ring filled as a device's collector fills it, read in full batches of
+// several sizes: no record still to be read is below a bound already given
+// (it would be late), and the bound keeps up.
+TEST_CASE("merge: a reader behind a ring of interleaved streams promises no record it has yet to read",
+          "[merge][daemon]") {
+  // Each collector pass (every kPass ns) moves 1 to 7 records of each of 6
+  // streams, in time order: what streams 0-4 wrote during that pass, and
+  // what stream 5 wrote 10 passes earlier (its queue holds a backlog: the
+  // collector moves a limited batch of it per pass).  A record then trails
+  // one read before it by less than 2 passes (the grace), or belongs to a
+  // stream read before at least up to the pass before it (a lagging one).
+  // Every read spans a whole pass (21 to 27 records), as a drain's batch
+  // spans many of a device collector's passes: it sees every stream.
+  constexpr int64_t kPass = 100;
+  const int64_t grace = 2 * kPass;
+  struct R {
+    uint16_t stream;
+    int64_t t;
+  };
+  std::vector<R> ring;
+  for (int64_t pass = 0; pass < 200; ++pass)
+    for (uint16_t s = 0; s < 6; ++s) {
+      const int64_t k = 1 + (pass + s) % 7;
+      const int64_t from = (s == 5 ? pass - 10 : pass) * kPass;
+      for (int64_t i = 0; i < k; ++i) ring.push_back({s, from + i * (kPass / k) + s});
+    }
+  const int64_t now = 200 * kPass + 5 * grace;
+  perfqd::StreamFrontier f;
+  for (size_t batch : {size_t{60}, size_t{100}, size_t{333}}) {
+    INFO("batch " << batch);
+    int64_t promised = INT64_MIN;
+    for (size_t at = 0; at < ring.size(); at += batch) {
+      f.clear();
+      const size_t end = std::min(ring.size(), at + batch);
+      for (size_t i = at; i < end; ++i) f.note(ring[i].stream, ring[i].t);
+      const int64_t b = f.bound(now, grace);
+      CHECK(b != INT64_MIN);
+      promised = std::max(promised, b);
+      for (size_t i = end; i < ring.size(); ++i)
+        if (ring[i].t < promised) FAIL("record at " << ring[i].t << " of stream " << ring[i].stream
+                                       << " is below the bound " << promised);
+    }
+    // The bound keeps up with the slowest stream.
+    CHECK(promised >= ring.back().t - 2 * grace);
+  }
+  // Never past now less the grace, and nothing noted promises nothing.
+  f.clear();
+  f.note(3, now + 5'000);
+  CHECK(f.bound(now, grace) == now - grace);
+  f.clear();
+  CHECK(f.bound(now, grace) == INT64_MIN);
+  // Too many streams in one read: no bound (and no unbounded search).
+  for (uint16_t s = 0; s <= perfqd::StreamFrontier::kMaxStreams; ++s) f.note(s, 100);
+  CHECK(f.bound(now, grace) == INT64_MIN);
+  f.clear();
+  f.note(1, 100);
+  CHECK(f.bound(now, grace) == 100 - grace);
+}
+
 }  // namespace
 }  // namespace perfqd
