@@ -255,5 +255,39 @@ TEST_CASE("host clock: the real record clock agrees with CLOCK_MONOTONIC, from t
   }
 }
 
+// A map nobody renews (the application's connector thread stopped running)
+// lapses kReachNs after its base: records go back to clock_gettime, and the
+// source says so, until an update renews it.
+TEST_CASE("host clock: a map nobody renews lapses, and says so, until it is renewed",
+          "[host_clock]") {
+  const uint64_t t0 = monotonic_ns();
+  while (std::string(host_clock_source()) == "calibrating" && monotonic_ns() - t0 < 5'000'000'000ull)
+    std::this_thread::sleep_for(std::min(host_clock_update(), std::chrono::milliseconds(5)));
+  const std::string source = host_clock_source();
+  INFO("host clock source: " << source);
+  if (source == "monotonic") {
+    WARN("this machine's TSC is not used for records: nothing lapses");
+    return;
+  }
+  REQUIRE(source == "tsc");
+  // No update from here: the map lapses kReachNs after its base, at the
+  // latest kReachNs from now (the TSC runs at >= 1 GHz, so a tick is <= 1 ns).
+  const uint64_t lapsed_by = monotonic_ns() + TscMap::kReachNs + 100'000'000;
+  while (monotonic_ns() < lapsed_by && std::string(host_clock_source()) == "tsc")
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  CHECK(std::string(host_clock_source()) == "calibrating");
+  // The records' clock is clock_gettime now.
+  const uint64_t a = monotonic_ns();
+  const uint64_t x = host_clock_ns();
+  const uint64_t b = monotonic_ns();
+  CHECK(x >= a);
+  CHECK(x <= b);
+  // One update renews it.
+  const uint64_t t1 = monotonic_ns();
+  while (std::string(host_clock_source()) != "tsc" && monotonic_ns() - t1 < 5'000'000'000ull)
+    std::this_thread::sleep_for(std::min(host_clock_update(), std::chrono::milliseconds(5)));
+  CHECK(std::string(host_clock_source()) == "tsc");
+}
+
 }  // namespace
 }  // namespace perfq

@@ -163,8 +163,10 @@ inline uint64_t host_clock_ns() noexcept {
 // concurrent callers skip while another one calibrates.
 std::chrono::milliseconds host_clock_update() noexcept;
 
-// What the host clock is now: "tsc" (a map is published), "monotonic"
-// (clock_gettime: no usable TSC, or switched off), or "calibrating".
+// What the host clock is now: "tsc" (a published map covers this instant),
+// "monotonic" (clock_gettime: no usable TSC, or switched off), or
+// "calibrating" (clock_gettime until a map is published, or renewed: one
+// nobody renewed for kReachNs has lapsed).
 const char* host_clock_source() noexcept;
 
 // Reads one calibration point now: the tightest of `tries` brackets.
