@@ -224,7 +224,10 @@ Status TraceWriter::close() {
     put<uint64_t>(d.raw.data() + 8, d.chunks);
     s = d.write_chunk(ChunkType::kEnd, 1, false);
   }
-  if (s.is_ok() && ::fsync(d.fd) != 0) s = Status::from_errno(d.path + ": fsync");
+  // A pipe, socket or character device has nothing to sync (EINVAL): the
+  // trace is complete once written.  A file's fsync error is real.
+  if (s.is_ok() && ::fsync(d.fd) != 0 && errno != EINVAL)
+    s = Status::from_errno(d.path + ": fsync");
   if (::close(d.fd) != 0 && s.is_ok()) s = Status::from_errno(d.path + ": close");
   d.fd = -1;
   if (!s.is_ok() && d.failed.is_ok()) d.failed = s;
