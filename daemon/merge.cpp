@@ -111,6 +111,7 @@ void Merger::push(Input* in, std::vector<TraceRecord>& records, int64_t bound) {
       i += n;
     }
     pending_ += records.size();
+    pending_approx_.store(pending_, std::memory_order_relaxed);
     pushed_since_take_ += records.size();
     stats_.pushed += records.size();
     if (bound > in->bound_) in->bound_ = bound;
@@ -240,6 +241,7 @@ size_t Merger::release_locked(std::vector<TraceRecord>& out, int64_t limit, bool
   }
   const size_t n = out.size() - first;
   pending_ -= n;
+  pending_approx_.store(pending_, std::memory_order_relaxed);
   stats_.released += n;
   return n;
 }

@@ -31,6 +31,7 @@
 #pragma once
 
 #include <algorithm>
+#include <atomic>
 #include <condition_variable>
 #include <cstddef>
 #include <cstdint>
@@ -95,6 +96,9 @@ class Merger {
   void wake_writer();
 
   MergeStats stats() const;
+  // Records pending, without the lock (as of the last push or take): for a
+  // producer that stops reading while the writer is this far behind.
+  size_t pending_approx() const { return pending_approx_.load(std::memory_order_relaxed); }
 
  private:
   struct Run {
@@ -118,6 +122,7 @@ class Merger {
   std::vector<std::vector<perfq::TraceRecord>> spare_;  // empty, with capacity
   uint64_t next_seq_ = 0;
   size_t pending_ = 0;
+  std::atomic<size_t> pending_approx_{0};
   size_t pushed_since_take_ = 0;
   bool capped_ = false;  // the last take stopped at its max_records
   bool kicked_ = false;  // wake_writer() since the last take

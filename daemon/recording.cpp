@@ -32,6 +32,10 @@ int64_t now_ns() { return static_cast<int64_t>(monotonic_ns()); }
 // Device records waiting for a first clock model are held, up to this many;
 // beyond it they are counted as lost (the device cannot be synchronized).
 constexpr size_t kMaxUnconverted = 1 << 20;
+// Records the merge may hold for the writer before drains stop reading:
+// 192 MiB at 48 B a record, well above what the watermark itself holds
+// back (records of the last device-latency-ms: 1.25 M at 5 M/s and 250 ms).
+constexpr size_t kMaxMergePending = 4 << 20;
 constexpr size_t kDrainBatch = 16384;
 constexpr size_t kWriteBatch = 65536;  // records the writer takes from the merger at a time
 // The drain of a device that has been quiet for a second sleeps as long as
@@ -150,6 +154,7 @@ class DeviceRecorder {
               {"lost", lost_},
               {"invalid", invalid_},
               {"waiting_for_clock", unconverted_},
+              {"writer_waits", writer_waits_},
               {"ring_fill", fill},
               {"ring_capacity", region.ring_capacity()},
               {"rate_per_s", static_cast<double>(records_) / secs},
@@ -340,7 +345,19 @@ class DeviceRecorder {
     // a second must cost latency, not records.
     // At the stop, take all the device published (the ring bounds it).
     const size_t cap = draining_out_ ? SIZE_MAX : kMaxUnconverted;
-    const size_t room = held_.size() < cap ? cap - held_.size() : 0;
+    size_t room = held_.size() < cap ? cap - held_.size() : 0;
+    // The writer kMaxMergePending records behind (a slow disk, a starved
+    // writer thread): leave the records in the ring, whose overflow the
+    // device counts, rather than grow without bound here.  Nothing read
+    // means no new promise either (below); the merge releases what is
+    // older than the last one, or than its max_delay.
+    const bool backlog =
+        !draining_out_ && rec_.merger().pending_approx() >= kMaxMergePending;
+    if (backlog) {
+      room = 0;
+      std::lock_guard lock(mu_);
+      ++writer_waits_;
+    }
     auto n = room ? drain.poll(batch, std::min(kDrainBatch, room)) : Result<size_t>(size_t{0});
     if (dev_->gone()) {
       // The mapping was revoked under us: what this poll read is not data.
@@ -408,7 +425,7 @@ class DeviceRecorder {
     // merge could release nothing while the drain is behind, and the
     // daemon would hold everything it read in memory until the merge's
     // max_delay (2 s of records).
-    const bool caught_up = *n < kDrainBatch;
+    const bool caught_up = *n < std::min(kDrainBatch, room);
     int64_t bound = caught_up ? t0 - opts_.device_grace_ns : INT64_MIN;
     if (!caught_up) bound = frontier_.bound(t0, opts_.device_grace_ns);
     if (!held_.empty())
@@ -588,6 +605,7 @@ class DeviceRecorder {
   std::string error_;
   std::map<uint16_t, StreamAccount> accounts_;
   uint64_t records_ = 0, lost_ = 0, invalid_ = 0, consumed_ = 0, unconverted_ = 0;
+  uint64_t writer_waits_ = 0;  // polls skipped: the merge held kMaxMergePending records
   int64_t started_ns_ = now_ns();
   uint64_t rounds_ = 0, failed_rounds_ = 0;
   std::string last_sync_error_;

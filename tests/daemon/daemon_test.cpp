@@ -1,13 +1,16 @@
 // perfq-daemon end to end: real processes (perfq-devsim, perfq-daemon,
 // perfqctl, instrumented applications) over a real region, a real socket
 // and a real trace file, which the test reads back with TraceReader.
+#include <fcntl.h>
 #include <grp.h>
+#include <poll.h>
 #include <pwd.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <catch2/catch.hpp>
 #include <cstring>
 #include <fstream>
@@ -370,6 +373,127 @@ TEST_CASE("daemon: records a device dropped are counted once, as the device coun
   REQUIRE(rep.exit_code() == 0);
   const json rj = json::parse(rep.out());
   CHECK(rj["lost"]["device"].get<uint64_t>() == dropped);
+}
+
+// A writer that cannot write (its output is a pipe nobody reads for a
+// while): the merge holds at most its cap of records for it, the drain
+// leaves the rest in the device's ring, whose overflow the device counts,
+// and once the writer goes on, the trace holds every record the device did
+// not drop, and the daemon counts those as lost.
+TEST_CASE("daemon: a writer that cannot write holds the daemon's memory to its cap, and the "
+          "device counts the rest",
+          "[daemon][process]") {
+  constexpr uint64_t kCap = 4u << 20;  // kMaxMergePending (recording.cpp)
+  TempDir dir("daemon-backlog");
+  TempShm shm("daemon-backlog");
+  const std::string fifo = dir.file("backlog.fifo");
+  const std::string copy = dir.file("backlog.trace");
+  REQUIRE(mkfifo(fifo.c_str(), 0600) == 0);
+  // Our end first, so that the daemon's open for writing does not wait.
+  const int rd = ::open(fifo.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+  REQUIRE(rd >= 0);
+  const int rate = kSlow > 1 ? 400'000 : 1'500'000;
+  Child dev({kBin + "/perfq-devsim", "--region", shm.path(), "--create", "--workers", "2",
+             "--job-workers", "0", "--rate", std::to_string(rate), "--ring-records",
+             std::to_string(1 << 18), "--wait-host"});
+  REQUIRE(dev.started());
+  REQUIRE(wait_for([&] { return access(shm.path().c_str(), F_OK) == 0; }, std::chrono::seconds(10)));
+  Daemon d(dir);
+  auto st = ctl(d, {"start", "-o", fifo, "--device", "shm:" + shm.path()});
+  INFO("start: " << st->out() << st->err() << "\ndaemon: " << d.proc->err());
+  REQUIRE(st->exit_code() == 0);
+  auto status = [&] {
+    auto s = ctl(d, {"status", "--json"});
+    REQUIRE(s->exit_code() == 0);
+    return json::parse(s->out());
+  };
+  // Nobody reads: the writer blocks in write(2) once the pipe is full, and
+  // the merge fills up to its cap.
+  uint64_t most = 0;
+  auto backlogged = [&] {
+    const json j = status();
+    most = std::max<uint64_t>(most, j["recording"]["merge"]["pending"].get<uint64_t>());
+    return j["recording"]["devices"][0]["writer_waits"].get<uint64_t>() > 0;
+  };
+  REQUIRE(wait_for(backlogged, std::chrono::seconds(static_cast<int>(60 * kSlow))));
+  // And stays there while the device goes on (2 s: millions of records).
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(2);
+  while (std::chrono::steady_clock::now() < until) {
+    (void)backlogged();
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  // A poll's batch past the cap, and the release of what waited for the
+  // first clock model (at most 1 Mi records, once).
+  INFO("most records pending: " << most);
+  CHECK(most >= kCap);
+  CHECK(most <= kCap + (1u << 20) + (1u << 16));
+
+  // The reader goes on: everything written so far and from now on.
+  std::atomic<bool> quit{false};
+  std::thread reader([&] {
+    const int out = ::open(copy.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+    if (out < 0) return;
+    std::vector<char> buf(1 << 20);
+    for (;;) {
+      const ssize_t n = ::read(rd, buf.data(), buf.size());
+      if (n == 0) break;  // the daemon closed its end: the trace is complete
+      if (n < 0) {
+        if ((errno == EAGAIN || errno == EINTR) && !quit) {
+          pollfd p{rd, POLLIN, 0};
+          ::poll(&p, 1, 100);
+          continue;
+        }
+        break;
+      }
+      if (::write(out, buf.data(), static_cast<size_t>(n)) != n) break;
+    }
+    ::close(out);
+  });
+  // However the test ends (a failed REQUIRE: the daemon may still hold
+  // its end open), the reader stops and our end is closed.
+  struct Join {
+    std::thread& t;
+    std::atomic<bool>& quit;
+    int fd;
+    ~Join() {
+      quit = true;
+      if (t.joinable()) t.join();
+      ::close(fd);
+    }
+  } join_reader{reader, quit, rd};
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  dev.signal(SIGTERM);
+  REQUIRE(dev.wait(std::chrono::seconds(static_cast<int>(60 * kSlow))));
+  REQUIRE(dev.exit_code() == 0);
+  const json devjs = json::parse(dev.out());
+  auto stop = ctl(d, {"stop", "--json"});
+  INFO("stop: " << stop->out() << stop->err() << "\ndaemon: " << d.proc->err());
+  REQUIRE(stop->exit_code() == 0);
+  reader.join();  // at the end of the pipe: the daemon closed the trace
+  const json summary = json::parse(stop->out());
+  CHECK(summary["complete"] == true);
+  INFO("devsim: " << devjs.dump() << "\nsummary: " << summary.dump());
+  const uint64_t emitted = devjs["emitted"], dropped = devjs["dropped"];
+  CHECK(dropped > 0);  // the ring overflowed while the drain waited
+  REQUIRE(summary["devices"].size() == 1);
+  CHECK(summary["devices"][0]["lost"].get<uint64_t>() == dropped);
+
+  // Every record the device did not drop is in the trace.
+  struct Count : TraceVisitor {
+    uint64_t records = 0;
+    Status on_records(std::span<const TraceRecord> r) override {
+      for (const auto& x : r)
+        if ((x.rec.flags & PERFQ_FLAGS_KIND_MASK) != PERFQ_KIND_LOST) ++records;
+      return Status::ok();
+    }
+  } count;
+  auto r = TraceReader::open(copy);
+  REQUIRE(r);
+  Status s = r->read(count);
+  INFO(s.message());
+  REQUIRE(s);
+  CHECK(r->summary().clean_end);
+  CHECK(count.records == emitted - dropped);
 }
 
 TEST_CASE("daemon: applications that start early, exit mid-recording or are killed",
