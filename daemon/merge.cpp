@@ -278,9 +278,20 @@ size_t Merger::take_all(std::vector<TraceRecord>& out) {
 }
 
 MergeStats Merger::stats() const {
+  const int64_t now = now_ns();
   std::lock_guard lock(mu_);
   MergeStats s = stats_;
   s.pending = pending_;
+  // The watermark now, and the input that holds it there (none: the
+  // merge's max_delay does, or nothing holds it back).
+  s.watermark = watermark_locked(now);
+  for (const auto& in : inputs_) {
+    if (in->closed_ || in->suspended_ || now - in->heard_at_ > opts_.stream_timeout_ns) continue;
+    if (in->bound_ == s.watermark) {
+      s.held_by = in->name_;
+      break;
+    }
+  }
   return s;
 }
 

@@ -1011,7 +1011,8 @@ json Recording::status() const {
   }
   const auto ms = merger_.stats();
   j["merge"] = {{"pending", ms.pending}, {"late", ms.late},
-                {"watermark_lag_ms", ms.watermark ? static_cast<double>(now_ns() - ms.watermark) / 1e6 : 0.0}};
+                {"watermark_lag_ms", ms.watermark ? static_cast<double>(now_ns() - ms.watermark) / 1e6 : 0.0},
+                {"watermark_held_by", ms.held_by}};
   j["devices"] = devices;
   j["host_streams"] = host;
   j["kernel"] = kernel_status();

@@ -251,6 +251,27 @@ TEST_CASE("merge: the watermark never lags more than the maximum delay", "[merge
   CHECK(m.stats().late == 1);
 }
 
+// Status says which input holds the watermark back (a device that is slow
+// to deliver, say), and none once the max_delay does.
+TEST_CASE("merge: the stats name the input that holds the watermark", "[merge][daemon]") {
+  MergeOptions o;
+  o.max_delay_ns = 60'000'000'000;
+  o.stream_timeout_ns = 60'000'000'000;
+  Merger m(o);
+  const int64_t t0 = now();
+  auto* a = m.add_input("dev-a", t0 - 1'000'000);
+  auto* b = m.add_input("dev-b", t0 - 2'000'000);
+  CHECK(m.stats().held_by == "dev-b");
+  CHECK(m.stats().watermark == t0 - 2'000'000);
+  m.advance(b, t0);
+  CHECK(m.stats().held_by == "dev-a");
+  m.close(a);
+  CHECK(m.stats().held_by == "dev-b");
+  m.suspend(b);  // nothing holds it: the present
+  CHECK(m.stats().held_by.empty());
+  CHECK(m.stats().watermark >= t0);
+}
+
 // A drain that is behind reads several in-order streams from one ring: what
 // is still in the ring is no older than the least of the streams' newest
 // times read, less the ring's latency between streams.  Checked against a
