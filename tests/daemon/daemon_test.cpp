@@ -397,7 +397,9 @@ TEST_CASE("daemon: a writer that cannot write holds the daemon's memory to its c
              "--job-workers", "0", "--rate", std::to_string(rate), "--ring-records",
              std::to_string(1 << 18), "--wait-host"});
   REQUIRE(dev.started());
-  REQUIRE(wait_for([&] { return access(shm.path().c_str(), F_OK) == 0; }, std::chrono::seconds(10)));
+  // The region exists before it is initialized: wait for the device to run.
+  REQUIRE(wait_for([&] { return dev.err().find("running on") != std::string::npos; },
+                   std::chrono::seconds(static_cast<int>(10 * kSlow))));
   Daemon d(dir);
   auto st = ctl(d, {"start", "-o", fifo, "--device", "shm:" + shm.path()});
   INFO("start: " << st->out() << st->err() << "\ndaemon: " << d.proc->err());
@@ -461,7 +463,16 @@ TEST_CASE("daemon: a writer that cannot write holds the daemon's memory to its c
       ::close(fd);
     }
   } join_reader{reader, quit, rd};
-  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  // The writer catches up and the drain reads again before the device
+  // stops: a device stopping with its ring full could not report the
+  // records it drops at its end (it would count them, the daemon not).
+  CHECK(wait_for(
+      [&] {
+        const json j = status();
+        return j["recording"]["merge"]["pending"].get<uint64_t>() < kCap / 4 &&
+               j["recording"]["devices"][0]["ring_fill"].get<uint64_t>() < (1u << 16);
+      },
+      std::chrono::seconds(static_cast<int>(60 * kSlow))));
   dev.signal(SIGTERM);
   REQUIRE(dev.wait(std::chrono::seconds(static_cast<int>(60 * kSlow))));
   REQUIRE(dev.exit_code() == 0);
