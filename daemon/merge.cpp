@@ -110,8 +110,7 @@ void Merger::push(Input* in, std::vector<TraceRecord>& records, int64_t bound) {
                         records.begin() + static_cast<ptrdiff_t>(i + n));
       i += n;
     }
-    pending_ += records.size();
-    pending_approx_.store(pending_, std::memory_order_relaxed);
+    pending_.fetch_add(records.size(), std::memory_order_relaxed);
     pushed_since_take_ += records.size();
     stats_.pushed += records.size();
     if (bound > in->bound_) in->bound_ = bound;
@@ -153,13 +152,15 @@ void Merger::close(Input* in) {
   wake_.notify_one();
 }
 
+bool Merger::holds_back_locked(const Input& in, int64_t now) const {
+  // Closed, suspended or timed out: no longer holds the watermark back.
+  return !in.closed_ && !in.suspended_ && now - in.heard_at_ <= opts_.stream_timeout_ns;
+}
+
 int64_t Merger::watermark_locked(int64_t now) const {
   int64_t w = INT64_MAX;
-  for (const auto& in : inputs_) {
-    if (in->closed_ || in->suspended_) continue;
-    if (now - in->heard_at_ > opts_.stream_timeout_ns) continue;  // timed out
-    w = std::min(w, in->bound_);
-  }
+  for (const auto& in : inputs_)
+    if (holds_back_locked(*in, now)) w = std::min(w, in->bound_);
   if (w == INT64_MAX) w = now;  // nothing holds it: everything up to now
   return std::max(w, now - opts_.max_delay_ns);
 }
@@ -240,8 +241,7 @@ size_t Merger::release_locked(std::vector<TraceRecord>& out, int64_t limit, bool
     runs.erase(keep, runs.end());
   }
   const size_t n = out.size() - first;
-  pending_ -= n;
-  pending_approx_.store(pending_, std::memory_order_relaxed);
+  pending_.fetch_sub(n, std::memory_order_relaxed);
   stats_.released += n;
   return n;
 }
@@ -253,7 +253,7 @@ size_t Merger::take_ready(std::vector<TraceRecord>& out, int64_t now, int64_t ma
   // have moved it, and a writer woken for held records would spin.
   // A take cut short by max_records continues at once.
   if (max_wait_ns > 0 && !capped_ && !kicked_ && pushed_since_take_ < opts_.wake_writer_at) {
-    const int64_t wait = pending_ == 0 ? std::max(max_wait_ns, opts_.idle_wait_ns) : max_wait_ns;
+    const int64_t wait = pending_.load(std::memory_order_relaxed) == 0 ? std::max(max_wait_ns, opts_.idle_wait_ns) : max_wait_ns;
     wake_.wait_for(lock, std::chrono::nanoseconds(wait));
   }
   pushed_since_take_ = 0;
@@ -281,13 +281,12 @@ MergeStats Merger::stats() const {
   const int64_t now = now_ns();
   std::lock_guard lock(mu_);
   MergeStats s = stats_;
-  s.pending = pending_;
+  s.pending = pending_.load(std::memory_order_relaxed);
   // The watermark now, and the input that holds it there (none: the
   // merge's max_delay does, or nothing holds it back).
   s.watermark = watermark_locked(now);
   for (const auto& in : inputs_) {
-    if (in->closed_ || in->suspended_ || now - in->heard_at_ > opts_.stream_timeout_ns) continue;
-    if (in->bound_ == s.watermark) {
+    if (holds_back_locked(*in, now) && in->bound_ == s.watermark) {
       s.held_by = in->name_;
       break;
     }

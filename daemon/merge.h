@@ -99,7 +99,7 @@ class Merger {
   MergeStats stats() const;
   // Records pending, without the lock (as of the last push or take): for a
   // producer that stops reading while the writer is this far behind.
-  size_t pending_approx() const { return pending_approx_.load(std::memory_order_relaxed); }
+  size_t pending_approx() const { return pending_.load(std::memory_order_relaxed); }
 
  private:
   struct Run {
@@ -110,6 +110,7 @@ class Merger {
   static constexpr size_t kRunRecords = 16384;  // a run's capacity (768 KiB)
   static constexpr size_t kSpareRuns = 4;       // drained buffers kept for reuse
 
+  bool holds_back_locked(const Input& in, int64_t now) const;
   int64_t watermark_locked(int64_t now) const;
   size_t release_locked(std::vector<perfq::TraceRecord>& out, int64_t limit, bool all,
                         size_t max);
@@ -122,8 +123,8 @@ class Merger {
   std::vector<std::unique_ptr<Input>> inputs_;
   std::vector<std::vector<perfq::TraceRecord>> spare_;  // empty, with capacity
   uint64_t next_seq_ = 0;
-  size_t pending_ = 0;
-  std::atomic<size_t> pending_approx_{0};
+  // Changed under mu_ only; read without it by pending_approx().
+  std::atomic<size_t> pending_{0};
   size_t pushed_since_take_ = 0;
   bool capped_ = false;  // the last take stopped at its max_records
   bool kicked_ = false;  // wake_writer() since the last take
