@@ -252,17 +252,10 @@ std::chrono::milliseconds host_clock_update() noexcept {
 
 const char* host_clock_source() noexcept {
 #if defined(__x86_64__)
-  using host_clock_detail::g_published;
-  const uint64_t tsc = __rdtsc();
-  const uint64_t s = g_published.seq.load(std::memory_order_acquire);
-  if (s != 0 && (s & 1) == 0) {
-    const uint64_t base = g_published.base_tsc.load(std::memory_order_acquire);
-    const uint64_t reach = g_published.reach.load(std::memory_order_acquire);
-    // What host_clock_ns() uses now: a map that has lapsed (nobody renewed
-    // it for kReachNs) leaves the records to clock_gettime.
-    if (g_published.seq.load(std::memory_order_relaxed) == s && TscMap::covers(base, reach, tsc))
-      return "tsc";
-  }
+  // What host_clock_ns() uses now: a map that has lapsed (nobody renewed
+  // it for kReachNs) leaves the records to clock_gettime.
+  TscMap m;
+  if (host_clock_detail::map_for(__rdtsc(), &m)) return "tsc";
 #endif
   return g_updater.enabled.load(std::memory_order_relaxed) == 0 ? "monotonic" : "calibrating";
 }

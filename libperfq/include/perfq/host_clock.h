@@ -135,24 +135,28 @@ struct alignas(64) Published {
   std::atomic<uint64_t> reach{0};  // TscMap::reach()
 };
 extern Published g_published;
+
+// The published map, when there is one (a consistent copy) that covers
+// `tsc`: what host_clock_ns() converts with, and what host_clock_source()
+// reports on.
+inline bool map_for(uint64_t tsc, TscMap* m) noexcept {
+  const uint64_t s = g_published.seq.load(std::memory_order_acquire);
+  if (__builtin_expect((s & 1) != 0 || s == 0, 0)) return false;
+  *m = TscMap{g_published.base_tsc.load(std::memory_order_acquire),
+              g_published.base_ns.load(std::memory_order_acquire),
+              g_published.mult.load(std::memory_order_acquire)};
+  const uint64_t reach = g_published.reach.load(std::memory_order_acquire);
+  return g_published.seq.load(std::memory_order_relaxed) == s &&
+         TscMap::covers(m->base_tsc, reach, tsc);
+}
 }  // namespace host_clock_detail
 
 // CLOCK_MONOTONIC in ns, for a record.  Lock-free, no system call.
 inline uint64_t host_clock_ns() noexcept {
 #if defined(__x86_64__)
-  using host_clock_detail::g_published;
   const uint64_t tsc = __rdtsc();
-  const uint64_t s = g_published.seq.load(std::memory_order_acquire);
-  if (__builtin_expect((s & 1) == 0 && s != 0, 1)) {
-    const TscMap m{g_published.base_tsc.load(std::memory_order_acquire),
-                   g_published.base_ns.load(std::memory_order_acquire),
-                   g_published.mult.load(std::memory_order_acquire)};
-    const uint64_t reach = g_published.reach.load(std::memory_order_acquire);
-    if (__builtin_expect(
-            g_published.seq.load(std::memory_order_relaxed) == s && TscMap::covers(m.base_tsc, reach, tsc),
-            1))
-      return m.at(tsc);
-  }
+  TscMap m;
+  if (__builtin_expect(host_clock_detail::map_for(tsc, &m), 1)) return m.at(tsc);
 #endif
   return monotonic_ns();
 }
