@@ -997,36 +997,58 @@ TEST_CASE("daemon: kernel events line up with a traced app's own records, and a 
   CHECK(sched > 0);
   CHECK(syscalls > 0);
   // No record of a thread while it was switched out.  A thread's syscall or
-  // uprobe event also proves it was running: one seen while it was "out"
-  // means the kernel never delivered its switch-in (seen, rarely, on this
-  // machine's kernel); those are counted, and must stay rare.
+  // uprobe event (or a second switch-out) also proves it was running: one
+  // seen while it was "out" means the kernel never delivered its switch-in
+  // (seen, rarely, on this machine's kernel); those are counted, and must
+  // stay rare.  The thread's own records between that switch-out and the
+  // proof are then as much evidence of the lost switch-in: they count as
+  // records while out only when a delivered switch-in (or nothing) ends
+  // the interval.
   uint64_t while_out = 0, checked = 0, outs = 0, lost_ins = 0;
   std::string example;
   for (auto& [tid, evs] : per_tid) {
     std::stable_sort(evs.begin(), evs.end(), [](const Ev& a, const Ev& b) { return a.t < b.t; });
     bool out = false;
     int64_t out_at = 0;
+    uint64_t in_interval = 0;  // own records since the switch-out
+    std::string interval_example;
+    auto end_interval = [&](bool switch_in_lost) {
+      if (switch_in_lost) {
+        ++lost_ins;
+      } else {
+        while_out += in_interval;
+        if (example.size() < 400) example += interval_example;
+      }
+      in_interval = 0;
+      interval_example.clear();
+    };
     for (const Ev& e : evs) {
       switch (e.what) {
         case 1:
+          if (out) end_interval(true);
           out = true;
           out_at = e.t;
           ++outs;
           break;
-        case 2: out = false; break;
+        case 2:
+          if (out) end_interval(false);
+          out = false;
+          break;
         case 3:
-          lost_ins += out;
+          if (out) end_interval(true);
           out = false;
           break;
         default:
           ++checked;
           if (!out) break;
-          ++while_out;
-          if (example.size() < 400)
-            example += "tid " + std::to_string(tid) + " at " + std::to_string(e.t) + ", " +
-                       std::to_string(e.t - out_at) + " ns after it was switched out; ";
+          ++in_interval;
+          if (interval_example.size() < 400)
+            interval_example += "tid " + std::to_string(tid) + " at " + std::to_string(e.t) +
+                                ", " + std::to_string(e.t - out_at) +
+                                " ns after it was switched out; ";
       }
     }
+    if (out) end_interval(false);
   }
   INFO("records while switched out: " << while_out << " of " << checked << " (" << example << ")");
   WARN("kernel events: " << sched << " switches of the app's threads, " << lost_ins
