@@ -46,7 +46,8 @@ HostSync::HostSync(DeviceTransport& device, HostSyncOptions opts)
     : device_(device),
       opts_(opts),
       rates_(rates_of(device.region())),
-      sync_(rates_, opts.sync) {
+      sync_(rates_, opts.sync),
+      gate_(opts.gate) {
   // Continue after the rounds a previous host (a restarted daemon) used.
   const uint32_t seen = __atomic_load_n(&device.region().timer()->window, __ATOMIC_ACQUIRE);
   auto b = read_sample_batch(&device.region().sync()->device_samples);
@@ -102,45 +103,7 @@ Result<RoundResult> HostSync::round() {
                                                    obs.status().message());
   RoundResult res;
   res.observation = *obs;
-  // Gate against the usual uncertainty of this device's rounds.
-  double gate = opts_.gate_floor_ns;
-  if (!recent_unc_.empty()) {
-    // A low quantile, not the median: on a machine that is saturated half
-    // of the time the median would let the slow half in.
-    gate_scratch_ = recent_unc_;
-    const size_t q = gate_scratch_.size() / 4;
-    std::nth_element(gate_scratch_.begin(), gate_scratch_.begin() + static_cast<long>(q),
-                     gate_scratch_.end());
-    gate = std::max(gate, opts_.gate_factor * gate_scratch_[q]);
-  }
-  if (recent_unc_.size() < kGateRounds)
-    recent_unc_.push_back(obs->uncertainty_ns);
-  else
-    recent_unc_[recent_pos_++ % kGateRounds] = obs->uncertainty_ns;
-  // A contended round (the device was not running: its tightest read waited
-  // for it to be scheduled) that agrees with the model is kept out of it
-  // while the model already predicts its time better than the round can
-  // tell (the model's 3 sigma there, with its rate uncertainty over the
-  // distance, below the round's uncertainty): extrapolating a fit of fast
-  // rounds beats it.
-  const bool contended = obs->host_delay_ns > opts_.contended_delay_ns;
-  bool useless = false;
-  if (contended && sync_.has_model()) {
-    const ClockModel& m = sync_.current();
-    const double dx_ns = std::fabs(static_cast<double>(time_diff(obs->device_time, m.device_ref)) *
-                                   static_cast<double>(m.ns_per_tick));
-    const double rate_3s = 3 * m.rate_sigma_ppb * 1e-9 * dx_ns;
-    const double model_unc = std::sqrt(m.uncertainty_ns * m.uncertainty_ns + rate_3s * rate_3s);
-    // Only a round that agrees with the model: one far off may be a clock
-    // step, which the model's step detector must see.
-    const double resid = std::fabs(static_cast<double>(
-        time_diff(obs->host_ns, sync_.to_host(obs->device_time))));
-    useless = model_unc < obs->uncertainty_ns && resid <= obs->uncertainty_ns + model_unc;
-  }
-  // A round the gate leaves out of the fit may still witness a clock step.
-  res.verdict = !sync_.has_model() || (obs->uncertainty_ns <= gate && !useless)
-                    ? sync_.add(*obs)
-                    : sync_.witness(*obs);
+  res.verdict = gate_.feed(sync_, *obs);
   if (opts_.mode == PERFQ_SYNC_MODE_B) {
     write_sample_batch(&page->mailbox, r, *host);
     __atomic_store_n(&page->mode, static_cast<uint32_t>(PERFQ_SYNC_MODE_B), __ATOMIC_RELEASE);

@@ -164,14 +164,14 @@ ClockModel knot_from(const FitOut& f, const SyncObservation& o, long double s0, 
 }
 
 // The uncertainty above which a round is much worse than the usual ones:
-// max(2 us, 4 x the lower quartile of `u`).  (A low quantile: on a machine
-// that is saturated half of the time the median would let the slow half in.)
-double gate_of(std::vector<double> u) {
-  constexpr double kFloor = 2000, kFactor = 4;
+// max(floor, factor x the lower quartile of `u`), reordering u.  (A low
+// quantile: on a machine that is saturated half of the time the median
+// would let the slow half in.)
+double gate_of(std::vector<double>& u, const GateConfig& cfg = {}) {
   if (u.empty()) return std::numeric_limits<double>::infinity();
   const size_t q = u.size() / 4;
   std::nth_element(u.begin(), u.begin() + static_cast<std::ptrdiff_t>(q), u.end());
-  return std::max(kFloor, kFactor * u[q]);
+  return std::max(cfg.floor_ns, cfg.factor * u[q]);
 }
 
 bool usable(const SyncObservation& o, const SyncConfig& cfg) {
@@ -637,11 +637,44 @@ OfflineFit fit_offline_rounds(std::span<const SyncRound> rounds, const ClockRate
   return fit;
 }
 
+// ---- RoundGate ---------------------------------------------------------------------------
+
+ClockSync::Verdict RoundGate::feed(ClockSync& sync, const SyncObservation& obs) {
+  // Against the usual uncertainty of this device's rounds before this one.
+  scratch_ = recent_;
+  const double gate = gate_of(scratch_, cfg_);
+  if (recent_.size() < kRounds)
+    recent_.push_back(obs.uncertainty_ns);
+  else
+    recent_[pos_++ % kRounds] = obs.uncertainty_ns;
+  // A contended round (the device was not running: its tightest read waited
+  // for it to be scheduled) that agrees with the model is kept out of it
+  // while the model already predicts its time better than the round can
+  // tell (the model's 3 sigma there, with its rate uncertainty over the
+  // distance, below the round's uncertainty): extrapolating a fit of fast
+  // rounds beats it.
+  bool useless = false;
+  if (obs.host_delay_ns > cfg_.contended_delay_ns && sync.has_model()) {
+    const ClockModel& m = sync.current();
+    const double dx_ns = std::fabs(static_cast<double>(time_diff(obs.device_time, m.device_ref)) *
+                                   static_cast<double>(m.ns_per_tick));
+    const double rate_3s = 3 * m.rate_sigma_ppb * 1e-9 * dx_ns;
+    const double model_unc = std::sqrt(m.uncertainty_ns * m.uncertainty_ns + rate_3s * rate_3s);
+    // Only a round that agrees with the model: one far off may be a clock
+    // step, which the model's step detector must see.
+    const double resid =
+        std::fabs(static_cast<double>(time_diff(obs.host_ns, sync.to_host(obs.device_time))));
+    useless = model_unc < obs.uncertainty_ns && resid <= obs.uncertainty_ns + model_unc;
+  }
+  return !sync.has_model() || (obs.uncertainty_ns <= gate && !useless) ? sync.add(obs)
+                                                                         : sync.witness(obs);
+}
+
 // ---- Mode B ------------------------------------------------------------------------------
 
 DeviceClockSync::DeviceClockSync(const ClockRates& rates, const SyncConfig& cfg,
-                                 const SelectionConfig& sel)
-    : sync_(rates, cfg), sel_(sel) {}
+                                 const SelectionConfig& sel, const GateConfig& gate)
+    : sync_(rates, cfg), sel_(sel), gate_(gate) {}
 
 Result<ClockSync::Verdict> DeviceClockSync::update(std::span<const perfq_clock_sample> host_samples,
                                                    std::span<const perfq_clock_sample> device_samples,
@@ -664,18 +697,7 @@ Result<ClockSync::Verdict> DeviceClockSync::update_from_page(
 }
 
 ClockSync::Verdict DeviceClockSync::add(const SyncObservation& obs) {
-  constexpr size_t kRounds = 64;
-  const double gate = gate_of(recent_unc_);
-  if (recent_unc_.size() < kRounds)
-    recent_unc_.push_back(obs.uncertainty_ns);
-  else
-    recent_unc_[recent_pos_++ % kRounds] = obs.uncertainty_ns;
-  // Gate only once enough rounds tell what is usual: a young model needs
-  // rounds (its drift is not known yet) more than it needs them tight.
-  constexpr size_t kMinGateRounds = 8;
-  if (sync_.has_model() && recent_unc_.size() > kMinGateRounds && obs.uncertainty_ns > gate)
-    return sync_.witness(obs);
-  return sync_.add(obs);
+  return gate_.feed(sync_, obs);
 }
 
 uint64_t DeviceClockSync::to_host(uint64_t device_time) const {

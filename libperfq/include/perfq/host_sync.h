@@ -29,21 +29,12 @@ struct HostSyncOptions {
   std::chrono::microseconds read_timeout{std::chrono::milliseconds(50)};
   std::chrono::milliseconds device_timeout{200};  // for the device's batch
   uint64_t batch_spin_ns = 20'000;  // spin this long for the batch before sleeping
-  // A round whose tightest host read took longer than this waited for the
-  // device thread to be scheduled (a saturated machine).  It is kept out of
-  // the online model while the model predicts its time better than the
-  // round can tell (verdict kOutlier; it stays in rounds() for the offline
-  // fit).
-  double contended_delay_ns = 20'000;
   SyncConfig sync;
   SelectionConfig selection;
-  // A round whose best observation is much less certain than is usual for
-  // this device (preempted on a busy machine) is kept for the offline fit
-  // but not fed to the online model: it is used only when its uncertainty is
-  // at most max(gate_floor_ns, gate_factor x the lower quartile of the last
-  // 64 rounds).
-  double gate_floor_ns = 2'000;
-  double gate_factor = 4;
+  // Which rounds the online model fits (the others are kOutlier, or step
+  // witnesses, and stay in rounds() for the offline fit).  A device in mode
+  // B applies the same rule with its defaults.
+  GateConfig gate;
   // rounds() keeps at least this many of the last rounds (and at most
   // twice as many).  A recorder that writes each round's samples to its
   // trace needs only the last: keeping them all costs about 1.6 KB per
@@ -78,10 +69,7 @@ class HostSync {
   ClockRates rates_;
   ClockSync sync_;
   std::vector<SyncRound> rounds_;
-  static constexpr size_t kGateRounds = 64;
-  std::vector<double> recent_unc_;  // uncertainties of the last rounds, ring
-  std::vector<double> gate_scratch_;
-  size_t recent_pos_ = 0;
+  RoundGate gate_;
   uint32_t next_round_ = 1;
 };
 

@@ -287,6 +287,41 @@ class ClockSync {
   PiecewiseModel history_{false};
 };
 
+// ---- Which rounds the online model fits ----------------------------------------------
+
+// The rule for the online model, the same on the host (HostSync, mode A)
+// and on the device (DeviceClockSync, mode B): both fit the same rounds,
+// so the host's model mirrors the one the device converts with.
+struct GateConfig {
+  // A round whose observation is much less certain than is usual for this
+  // device (preempted on a busy machine) is not fitted: it is used only
+  // when its uncertainty is at most max(floor_ns, factor x the lower
+  // quartile of the last 64 rounds).
+  double floor_ns = 2'000;
+  double factor = 4;
+  // A round whose tightest host read took longer than this waited for the
+  // device thread to be scheduled (a saturated machine).  It is kept out of
+  // the model while the model predicts its time better than the round can
+  // tell.
+  double contended_delay_ns = 20'000;
+};
+
+class RoundGate {
+ public:
+  explicit RoundGate(const GateConfig& cfg = {}) : cfg_(cfg) {}
+  // sync.add(obs) when the rule lets the round in (always for the first
+  // model), else sync.witness(obs): a round left out of the fit may still
+  // witness a clock step.  kOutlier when gated and no step witness.
+  ClockSync::Verdict feed(ClockSync& sync, const SyncObservation& obs);
+
+ private:
+  static constexpr size_t kRounds = 64;
+  GateConfig cfg_;
+  std::vector<double> recent_;  // uncertainties of the last rounds, ring
+  std::vector<double> scratch_;
+  size_t pos_ = 0;
+};
+
 // ---- 3. Offline re-synchronization ---------------------------------------------------
 
 struct OfflineFit {
@@ -327,7 +362,7 @@ OfflineFit fit_offline_rounds(std::span<const SyncRound> rounds, const ClockRate
 class DeviceClockSync {
  public:
   explicit DeviceClockSync(const ClockRates& rates, const SyncConfig& cfg = {},
-                           const SelectionConfig& sel = {});
+                           const SelectionConfig& sel = {}, const GateConfig& gate = {});
 
   Result<ClockSync::Verdict> update(std::span<const perfq_clock_sample> host_samples,
                                     std::span<const perfq_clock_sample> device_samples,
@@ -338,10 +373,9 @@ class DeviceClockSync {
                                               std::span<const perfq_clock_sample> device_samples,
                                               uint32_t round);
 
-  // Add an observation made elsewhere (make_paired_observation()).  Like
-  // the host's HostSync, a round much less certain than this device's
-  // usual ones (above max(2 us, 4 x the lower quartile of the last 64):
-  // the device thread was preempted) is not fitted: verdict kOutlier.
+  // Add an observation made elsewhere (make_paired_observation()), through
+  // the same RoundGate as the host's HostSync: given the same rounds, the
+  // device's model is the host's.
   ClockSync::Verdict add(const SyncObservation& obs);
   bool ready() const { return sync_.has_model(); }
   // Host time of a device time, with the model current now (records are
@@ -356,8 +390,7 @@ class DeviceClockSync {
  private:
   ClockSync sync_;
   SelectionConfig sel_;
-  std::vector<double> recent_unc_;  // ring of the last rounds' uncertainties
-  size_t recent_pos_ = 0;
+  RoundGate gate_;
 };
 
 const char* verdict_name(ClockSync::Verdict v);
