@@ -41,8 +41,11 @@ struct Scenario {
 
 struct Outcome {
   std::vector<double> err_ns;  // |converted - true| after the first second
-  // Mode A, online: what the converting model vouched for at each record
-  // (parallel to err_ns), and how many records were further off than that.
+  // Online: what the converting model vouched for at each record (parallel
+  // to err_ns), and how many records were further off than that.  In mode
+  // B the device converts with its own model; the host's fits the same
+  // rounds through the same gate (RoundGate), so its claim stands for the
+  // device's.
   std::vector<double> claims_ns;
   size_t over_claim = 0;
   std::vector<double> offline_err_ns;  // the same with the whole-recording model
@@ -54,6 +57,9 @@ struct Outcome {
   // the device thread had a CPU of its own.  On a saturated machine the
   // others mostly measure the wait for the device to be scheduled.
   std::vector<uint64_t> fast_round_cpu_ns;
+  // One line per round (verdict, uncertainty, error against the truth),
+  // printed when a check fails.
+  std::string round_log;
 };
 
 // The slack allowed on a model's own claim (the 19.2 MHz timer's
@@ -119,6 +125,12 @@ Outcome run(const Scenario& sc) {
     double claim_ns;  // what the model vouched for at this record
   };
   std::vector<Tick> conv;
+  SimClockConfig truth_cfg;
+  truth_cfg.offset_ns = sc.offset_ns;
+  truth_cfg.drift_ppm = sc.drift_ppm;
+  // The device clock without jitter or steps (a round's error against it
+  // shows a step; mode B's scenario has neither).
+  const SimClock truth_clock(truth_cfg);
   while (monotonic_ns() < end) {
     if (monotonic_ns() >= next_round) {
       auto r = hs.round();
@@ -129,17 +141,18 @@ Outcome run(const Scenario& sc) {
       } else {
         out.round_cpu_ns.push_back(r->cpu_ns);
         if (r->observation.host_delay_ns < 20'000) out.fast_round_cpu_ns.push_back(r->cpu_ns);
-        if (getenv("PERFQ_SYNC_DEBUG")) {
-          SimClockConfig cc;
-          cc.offset_ns = sc.offset_ns;
-          cc.drift_ppm = sc.drift_ppm;
-          SimClock truth(cc);
-          const auto& ob = r->observation;
-          std::printf("round %u at +%.6f s verdict %s obs_err %lld ns unc %.0f hd %.0f dd %.0f used %u\n",
-                      ob.round, static_cast<double>(ob.host_ns - start) / 1e9, verdict_name(r->verdict),
-                      static_cast<long long>(ob.device_time - truth.device_time_at(ob.host_ns)),
-                      ob.uncertainty_ns, ob.host_delay_ns, ob.device_delay_ns, ob.host_used);
-        }
+        const auto& ob = r->observation;
+        char line[256];
+        std::snprintf(line, sizeof line,
+                      "round %u at +%.6f s: %s, obs err %lld ticks, unc %.0f ns, host delay %.0f "
+                      "ns, device delay %.0f ns, cpu %.0f us\n",
+                      ob.round, static_cast<double>(ob.host_ns - start) / 1e9,
+                      verdict_name(r->verdict),
+                      static_cast<long long>(ob.device_time - truth_clock.device_time_at(ob.host_ns)),
+                      ob.uncertainty_ns, ob.host_delay_ns, ob.device_delay_ns,
+                      static_cast<double>(r->cpu_ns) / 1e3);
+        out.round_log += line;
+        if (getenv("PERFQ_SYNC_DEBUG")) std::fputs(line, stdout);
       }
       next_round += 100'000'000;
     }
@@ -150,7 +163,11 @@ Outcome run(const Scenario& sc) {
       if (rec.event != 3) continue;  // synthetic ticks carry the truth
       const unsigned dom = (rec.flags & PERFQ_FLAGS_DOMAIN_MASK) >> PERFQ_FLAGS_DOMAIN_SHIFT;
       if (sc.mode == PERFQ_SYNC_MODE_B) {
-        if (dom == PERFQ_CLOCK_HOST_BY_DEVICE) conv.push_back({0, rec.time, rec.arg, 0});
+        // The device time the record had (the truth through the device's
+        // clock): what the host's mirror model vouches for there.
+        const uint64_t d = truth_clock.device_time_at(rec.arg);
+        if (dom == PERFQ_CLOCK_HOST_BY_DEVICE)
+          conv.push_back({d, rec.time, rec.arg, claim_at(hs.sync().history().model_at(d), d)});
       } else if (hs.sync().has_model()) {
         conv.push_back({rec.time, hs.sync().to_host(rec.time), rec.arg,
                         claim_at(hs.sync().history().model_at(rec.time), rec.time)});
@@ -191,12 +208,10 @@ Outcome run(const Scenario& sc) {
                   static_cast<double>(tick.truth - start) / 1e9,
                   static_cast<unsigned long long>(tick.device), err, tick.claim_ns);
     out.err_ns.push_back(err);
-    if (sc.mode == PERFQ_SYNC_MODE_A) {
-      out.claims_ns.push_back(tick.claim_ns);
-      if (err > tick.claim_ns + kClaimSlackNs) ++out.over_claim;
-    }
+    out.claims_ns.push_back(tick.claim_ns);
+    if (err > tick.claim_ns + kClaimSlackNs) ++out.over_claim;
   }
-  const auto& sync = sc.mode == PERFQ_SYNC_MODE_B ? hs.sync() : hs.sync();
+  const auto& sync = hs.sync();
   if (sync.has_model())
     out.drift_error_ppm =
         std::fabs(sync.current().device_drift_ppb(sync.rates()) / 1000.0 - sc.drift_ppm);
@@ -240,6 +255,7 @@ bool saturated(const Outcome& o) {
 }
 
 void check_online(const Outcome& o, double tight_ns, double p99_ns) {
+  INFO("the rounds:\n" << o.round_log);
   REQUIRE(o.claims_ns.size() == o.err_ns.size());
   std::vector<double> tight;
   for (size_t i = 0; i < o.err_ns.size(); ++i)
@@ -334,6 +350,9 @@ TEST_CASE("sync accuracy: a backward clock step starts a new segment",
   CHECK(pct(o.offline_err_ns, 99) <= 10'000);
 }
 
+// Mode B: the device converts with its own model, which fits the rounds
+// the host's fits (the same RoundGate): checked as mode A's online
+// conversion, with the host's claim standing for the device's model.
 TEST_CASE("sync accuracy: mode B, the device converts its own records", "[sync][e2e][process]") {
   Scenario sc;
   sc.offset_ns = 1'000'000'000'000;
@@ -343,16 +362,15 @@ TEST_CASE("sync accuracy: mode B, the device converts its own records", "[sync][
   Outcome o = run(sc);
   report("mode B", o);
   REQUIRE(o.err_ns.size() > 1000);
-  // A devsim on a saturated machine (sanitized, or beside a build) can go
-  // a whole run without a CPU of its own during the rounds (no fast
-  // round): then the device had nothing tight to fit, which says nothing
-  // about the estimator.  (Mode B converts on the device: no claim to check.)
-  if (o.fast_round_cpu_ns.size() < 5) {
-    WARN("mode B: only " << o.fast_round_cpu_ns.size()
-                         << " rounds found the device running; accuracy not checked");
-    return;
+  {
+    INFO("the rounds:\n" << o.round_log);
+    CHECK(o.over_claim <= o.err_ns.size() / 200);
   }
-  CHECK(pct(o.err_ns, 99) <= (kSanitized ? 100'000 : 10'000));
+  if (saturated(o)) return;
+  if (kSanitized)
+    check_online(o, 20'000, 100'000);
+  else
+    check_online(o, 2'000, 1'000);
 }
 
 }  // namespace
