@@ -18,6 +18,7 @@
 #include "perfq/kernel_events.h"
 #include "perfq/pci_scan.h"
 #include "perfq/sync.h"
+#include "perfq/timer.h"
 #include "perfq/transport.h"
 
 namespace perfqd {
@@ -97,6 +98,9 @@ class DeviceRecorder {
     sync_ = std::make_unique<HostSync>(*dev_, so);
     sync_thread_ = std::thread([this] {
       pthread_setname_np(pthread_self(), "pq-sync");
+      if (Status s = raise_sync_priority(); !s)
+        spdlog::info("{}: sync rounds run at normal priority, less tight on a busy machine: {}",
+                     dev_->spec(), s.message());
       sync_main();
     });
     drain_thread_ = std::thread([this] {

@@ -3,8 +3,11 @@
 #include <linux/futex.h>
 #include <sched.h>
 #include <time.h>
+#include <sys/resource.h>
 #include <sys/syscall.h>
 #include <unistd.h>
+
+#include <cerrno>
 
 #include <algorithm>
 #include <climits>
@@ -33,6 +36,17 @@ inline void cpu_relax() {
 
 }  // namespace
 
+Status raise_sync_priority() {
+  const auto tid = static_cast<id_t>(syscall(SYS_gettid));
+  errno = 0;
+  const int now = getpriority(PRIO_PROCESS, tid);  // -1 is a valid value: errno tells
+  if (errno == 0 && now <= kSyncNice) return Status::ok();
+  if (setpriority(PRIO_PROCESS, tid, kSyncNice) != 0)
+    return Status::from_errno("setting the sync thread's nice value to " +
+                              std::to_string(kSyncNice) + " (needs root or CAP_SYS_NICE)");
+  return Status::ok();
+}
+
 TimerServer::TimerServer(const Region& region, const DeviceClock& clock, Options opts)
     : region_(region), clock_(clock), opts_(opts) {}
 
@@ -46,6 +60,7 @@ void TimerServer::publish(uint32_t round, std::vector<perfq_clock_sample>& sampl
 }
 
 void TimerServer::run(const std::atomic<bool>& stop) {
+  (void)raise_sync_priority();  // without the privilege, it serves as it is
   perfq_timer_page* t = region_.timer();
   uint64_t last = load_acquire(&t->resp_tag);
   std::vector<perfq_clock_sample> samples;

@@ -12,17 +12,21 @@
 
 #include <atomic>
 #include <catch2/catch.hpp>
+#include <climits>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <regex>
 #include <set>
+#include <sstream>
 #include <thread>
 
 #include "perfq/pci.h"
 #include "kernel_events.h"
 #include "perfq/kernel_events.h"
+#include "perfq/timer.h"
 #include "perfq/trace.h"
 #include "test_util.h"
 
@@ -191,6 +195,29 @@ TraceContent read_trace(const std::string& path, bool* clean) {
   return c;
 }
 
+// The nice value of the thread of `pid` named `name` (/proc/PID/task/*/stat:
+// the name in parentheses, then field 19); INT_MIN when there is none.
+int thread_nice(pid_t pid, const std::string& name) {
+  const std::string dir = "/proc/" + std::to_string(pid) + "/task";
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator(dir, ec)) {
+    std::ifstream f(e.path() / "stat");
+    std::string stat((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+    const size_t open = stat.find('('), close = stat.rfind(')');
+    if (open == std::string::npos || close == std::string::npos) continue;
+    if (stat.substr(open + 1, close - open - 1) != name) continue;
+    std::istringstream rest(stat.substr(close + 2));
+    std::string field;
+    // Fields 3.. follow the name; nice is field 19.
+    for (int i = 3; i < 19 && rest >> field; ++i) {
+    }
+    int nice = INT_MIN;
+    rest >> nice;
+    return nice;
+  }
+  return INT_MIN;
+}
+
 TEST_CASE("daemon: devsim, daemon and a multi-threaded demo app make one ordered, causal trace",
           "[daemon][process]") {
   TempDir dir("daemon-e2e");
@@ -219,6 +246,12 @@ TEST_CASE("daemon: devsim, daemon and a multi-threaded demo app make one ordered
   const json sj = json::parse(status->out());
   REQUIRE(sj["recording"].is_object());
   CHECK(sj["recording"]["devices"].size() == 1);
+  // The threads that time sync rounds run above the load (root may raise
+  // them): the daemon's sync thread and devsim's timer server.
+  if (geteuid() == 0) {
+    CHECK(thread_nice(d.proc->pid(), "pq-sync") == kSyncNice);
+    CHECK(thread_nice(dev.pid(), "pq-timer") == kSyncNice);
+  }
 
   REQUIRE(dev.wait(std::chrono::seconds(static_cast<int>(60 * kSlow))));
   REQUIRE(dev.exit_code() == 0);

@@ -6,6 +6,7 @@
 // their own queues, one collector moves the records into the shared ring,
 // and a timer server answers the host's register reads.  Runs until SIGINT,
 // SIGTERM or --duration, then prints exactly one JSON line of accounting.
+#include <pthread.h>
 #include <signal.h>
 #include <time.h>
 
@@ -199,7 +200,10 @@ int run(const Options& o) {
   DeviceCollector collector(r, raw, clock);
   TimerServer timer(r, clock);
   std::thread collector_thread([&] { collector.run(stop_device); });
-  std::thread timer_thread([&] { timer.run(stop_device); });
+  std::thread timer_thread([&] {
+    pthread_setname_np(pthread_self(), "pq-timer");
+    timer.run(stop_device);
+  });
   std::vector<std::thread> workers;
   const double per_worker = o.workers ? o.rate / o.workers : 0;
   for (unsigned i = 0; i < o.workers; ++i)

@@ -26,6 +26,22 @@
 
 namespace perfq {
 
+// The nice value of the threads that time sync rounds: the host's sync
+// thread and a software device's timer server (the register a real device
+// answers in hardware).  A round measures how long a register read takes;
+// a thread that waits behind a busy machine's other threads measures the
+// wait instead, and the host's bracket around a read that waited is
+// lopsided (tens of microseconds off its midpoint).  chronyd and ptp4l run
+// at real-time priority for the same reason.  A round is short and rare:
+// the others lose nothing measurable.
+constexpr int kSyncNice = -15;
+
+// Sets the calling thread's nice value to kSyncNice (a thread already at
+// or above that priority is left as it is).  Needs root or CAP_SYS_NICE;
+// without, the error says so and nothing changes: rounds still work, less
+// tightly on a busy machine.
+Status raise_sync_priority();
+
 // Device side.  run() belongs to one thread.
 //
 // The window word carries the sync round (nonzero).  After answering every
@@ -49,6 +65,8 @@ class TimerServer {
   TimerServer(const Region& region, const DeviceClock& clock)
       : TimerServer(region, clock, Options{}) {}
 
+  // Serves until stop.  Runs at kSyncNice where it may
+  // (raise_sync_priority()).
   void run(const std::atomic<bool>& stop);
   uint64_t served() const { return served_.load(std::memory_order_relaxed); }
   uint64_t windows() const { return windows_.load(std::memory_order_relaxed); }
