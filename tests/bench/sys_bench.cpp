@@ -23,6 +23,7 @@
 #include "perfq/device.h"
 #include "perfq/device_clock.h"
 #include "perfq/host_sync.h"
+#include "perfq/timer.h"
 #include "perfq/perfq.h"
 #include "perfq/transport.h"
 
@@ -130,6 +131,9 @@ int cmd_sync(int argc, char** argv) {
     std::fprintf(stderr, "perfq_sys_bench: no running device at %s\n", spec.c_str());
     return 1;
   }
+  // As the daemon's sync thread does.
+  if (Status s = raise_sync_priority(); !s)
+    std::fprintf(stderr, "perfq_sys_bench: %s\n", s.message().c_str());
   HostSync hs(*t);
   std::vector<uint64_t> cpu;
   int failed = 0;

@@ -4,6 +4,9 @@
 // host's sync rounds (HostSync) over the shm transport while the demo app
 // loads the machine, converts every device time, and compares.
 #include <signal.h>
+#include <sys/resource.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <catch2/catch.hpp>
@@ -15,6 +18,7 @@
 #include "perfq/device_clock.h"
 #include "perfq/drain.h"
 #include "perfq/host_sync.h"
+#include "perfq/timer.h"
 #include "perfq/transport.h"
 #include "test_util.h"
 
@@ -109,6 +113,16 @@ Outcome run(const Scenario& sc) {
   if (getenv("PERFQ_SYNC_NOLOAD")) app_args = {"/bin/true"};
   Child app(app_args);
 
+  // This thread runs the rounds, at the priority the daemon's sync thread
+  // takes (and gives it back after).
+  struct Priority {
+    id_t tid = static_cast<id_t>(syscall(SYS_gettid));
+    int before = getpriority(PRIO_PROCESS, tid);
+    Priority() {
+      if (Status s = raise_sync_priority(); !s) WARN(s.message());
+    }
+    ~Priority() { (void)setpriority(PRIO_PROCESS, tid, before); }
+  } priority;
   HostSyncOptions opts;
   opts.mode = sc.mode;
   HostSync hs(*t, opts);
