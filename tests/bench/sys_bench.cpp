@@ -134,7 +134,9 @@ int cmd_sync(int argc, char** argv) {
   // As the daemon's sync thread does.
   if (Status s = raise_sync_priority(); !s)
     std::fprintf(stderr, "perfq_sys_bench: %s\n", s.message().c_str());
-  HostSync hs(*t);
+  HostSyncOptions so;
+  so.keep_rounds = 1;  // as the daemon: each round goes to the trace at once
+  HostSync hs(*t, so);
   std::vector<uint64_t> cpu;
   int failed = 0;
   for (int i = 0; i < rounds; ++i) {
