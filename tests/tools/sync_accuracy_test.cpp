@@ -322,8 +322,10 @@ TEST_CASE("sync accuracy: 3 us jitter, huge positive offset, negative drift",
   }
   CHECK(o.over_claim <= o.err_ns.size() / 200);
   if (saturated(o)) return;
-  check_online(o, 20'000, 10'000);
-  CHECK(pct(o.err_ns, 50) <= 3'000);
+  // The targets are p99 <= 1 us and median <= 200 ns: five times
+  // that holds beside the rest of the suite.
+  check_online(o, 20'000, 5'000);
+  CHECK(pct(o.err_ns, 50) <= 1'000);
 }
 
 Outcome run_step(int64_t step_ns, const char* name) {
