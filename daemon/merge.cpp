@@ -259,9 +259,7 @@ size_t Merger::take_ready(std::vector<TraceRecord>& out, int64_t now, int64_t ma
   pushed_since_take_ = 0;
   kicked_ = false;
   now = std::max(now, now_ns());
-  const int64_t w = watermark_locked(now);
-  stats_.watermark = w;
-  return release_locked(out, w, false, max_records);
+  return release_locked(out, watermark_locked(now), false, max_records);
 }
 
 void Merger::wake_writer() {

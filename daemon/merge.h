@@ -59,7 +59,7 @@ struct MergeStats {
   uint64_t released = 0;
   uint64_t late = 0;       // released after a newer record had been
   uint64_t pending = 0;    // waiting for the watermark
-  int64_t watermark = 0;   // host ns
+  int64_t watermark = 0;   // host ns, as of the stats() call
   std::string held_by;     // the input whose bound is the watermark ("" if none)
 };
 

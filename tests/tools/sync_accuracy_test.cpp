@@ -180,9 +180,10 @@ Outcome run(const Scenario& sc) {
       if (sc.mode == PERFQ_SYNC_MODE_B) {
         // The device time the record had (the truth through the device's
         // clock): what the host's mirror model vouches for there.
-        const uint64_t d = truth_clock.device_time_at(rec.arg);
-        if (dom == PERFQ_CLOCK_HOST_BY_DEVICE)
+        if (dom == PERFQ_CLOCK_HOST_BY_DEVICE) {
+          const uint64_t d = truth_clock.device_time_at(rec.arg);
           conv.push_back({d, rec.time, rec.arg, claim_at(hs.sync().history().model_at(d), d)});
+        }
       } else if (hs.sync().has_model()) {
         conv.push_back({rec.time, hs.sync().to_host(rec.time), rec.arg,
                         claim_at(hs.sync().history().model_at(rec.time), rec.time)});
