@@ -393,9 +393,8 @@ class Run:
                        f"{json.dumps(off)[:300]}")
         sync = r.get("sync", {})
         self.check(sync.get("samples", 0) > 0 and "uncertainty_ns" in sync,
-                   f"sync: {sync.get('samples')} samples, {sync.get('models')} models, offset "
-                   f"{sync.get('offset_ns')} ns, uncertainty {sync.get('uncertainty_ns')} ns, "
-                   f"drift {sync.get('drift_ppm')} ppm")
+                   f"sync: {sync.get('samples')} samples, {sync.get('models')} models, "
+                   f"{sync.get('standing')}, uncertainty {sync.get('uncertainty_ns')} ns")
 
 
     def load_json(self, files, name):

@@ -97,7 +97,7 @@ Result<RoundResult> HostSync::round() {
     if (now - t0 > opts_.batch_spin_ns) futex_wait_ms(round_word, seen, 1);
   }
 
-  auto obs = make_paired_observation(*host, dev->samples, rates_, opts_.selection, r);
+  auto obs = make_observation(*host, dev->samples, rates_, opts_.selection, r);
   if (!obs) return Status(obs.status().code(), device_.spec() + ": sync round " +
                                                    std::to_string(r) + ": " +
                                                    obs.status().message());

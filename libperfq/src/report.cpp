@@ -3,7 +3,10 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cerrno>
+#include <cstdlib>
 #include <memory>
+#include <optional>
 #include <nlohmann/json.hpp>
 #include <set>
 #include <unordered_map>
@@ -117,85 +120,6 @@ LatencyStats LatencyHistogram::summary() const {
 }
 
 // ---------------------------------------------------------------------------
-// Offline sync
-
-__extension__ typedef __int128 i128;
-
-int64_t apply_sync_model(const perfq_sync_model& m, uint64_t device_time) {
-  i128 delta = static_cast<i128>(device_time) - static_cast<i128>(m.device_ref);
-  i128 adj = delta * m.rate_ppb / 1'000'000'000;
-  return static_cast<int64_t>(m.host_ref_ns + delta + adj);
-}
-
-Result<TraceClockModel> least_squares_sync_fit(std::span<const TraceSyncSample> all) {
-  // Only samples with both sides pair a host bracket with a device one.
-  std::vector<TraceSyncSample> samples;
-  samples.reserve(all.size());
-  for (const auto& s : all)
-    if (s.has_host() && s.has_device()) samples.push_back(s);
-  if (samples.empty()) return Status(Errc::kInvalidArgument, "offline sync fit: no sync samples");
-  std::vector<uint64_t> widths;
-  widths.reserve(samples.size());
-  for (const auto& s : samples) widths.push_back(s.host.after - s.host.before);
-  std::vector<uint64_t> sorted = widths;
-  std::nth_element(sorted.begin(), sorted.begin() + static_cast<ptrdiff_t>(sorted.size() / 2), sorted.end());
-  const uint64_t limit = 2 * sorted[sorted.size() / 2];
-  const uint64_t tightest = *std::min_element(widths.begin(), widths.end());
-
-  // Points (x = device time at the host's R2 instant, y = host midpoint),
-  // centred on the first kept point to keep doubles exact enough.
-  struct Pt {
-    int64_t x;
-    int64_t y;
-  };
-  std::vector<Pt> pts;
-  uint64_t x0 = 0;
-  int64_t y0 = 0;
-  for (size_t i = 0; i < samples.size(); ++i) {
-    if (widths[i] > limit) continue;
-    const auto& s = samples[i];
-    uint64_t r1 = s.device.before + (s.device.after - s.device.before) / 2;
-    uint64_t x = s.device.value + (s.host.value - r1);
-    auto y = static_cast<int64_t>(s.host.before + (s.host.after - s.host.before) / 2);
-    if (pts.empty()) {
-      x0 = x;
-      y0 = y;
-    }
-    pts.push_back({static_cast<int64_t>(x - x0), y - y0});
-  }
-  double n = static_cast<double>(pts.size());
-  double mx = 0, my = 0;
-  for (const auto& p : pts) {
-    mx += static_cast<double>(p.x);
-    my += static_cast<double>(p.y);
-  }
-  mx /= n;
-  my /= n;
-  double sxx = 0, sxy = 0;
-  for (const auto& p : pts) {
-    double dx = static_cast<double>(p.x) - mx;
-    sxx += dx * dx;
-    sxy += dx * (static_cast<double>(p.y) - my);
-  }
-  double b = sxx > 0 ? sxy / sxx : 1.0;
-  double a = my - b * mx;  // y = a + b x (centred)
-  double ss = 0;
-  for (const auto& p : pts) {
-    double r = static_cast<double>(p.y) - (a + b * static_cast<double>(p.x));
-    ss += r * r;
-  }
-  TraceClockModel c;
-  c.source = samples.front().source;
-  c.model.device_ref = x0;
-  c.model.host_ref_ns = y0 + static_cast<int64_t>(std::llround(a));
-  c.model.rate_ppb = static_cast<int64_t>(std::llround((b - 1.0) * 1e9));
-  c.model.uncertainty_ns = tightest / 2 + static_cast<uint64_t>(std::llround(std::sqrt(ss / n)));
-  c.model.valid_from_device = 0;
-  c.model.flags = PERFQ_SYNC_MODEL_VALID;
-  return c;
-}
-
-// ---------------------------------------------------------------------------
 // The analysis visitor
 
 namespace {
@@ -232,10 +156,20 @@ struct ThreadSched {
 };
 constexpr size_t kWorstOffCpu = 10;
 
-// How --resync converts one device's times: the piecewise offline model, or
-// one linear model from a custom (or fallback) fit.
+// A device's nominal rates as its trace source declares them (an old trace
+// without a timer rate: the clock's; without either: 1 GHz).
+ClockRates rates_of(const TraceSource* src) {
+  ClockRates r;
+  if (src && src->clock_hz) r.device_hz = src->clock_hz;
+  r.timer_hz = src && src->timer_hz ? src->timer_hz : r.device_hz;
+  return r;
+}
+
+// How --resync converts one device's times: the sync module's piecewise
+// offline model, and its summary for the sync line.
 struct Resync {
-  TraceClockModel model;
+  ClockModel summary;
+  double worst_ns = 0;  // the largest claim of any of its knots
   std::shared_ptr<const PiecewiseModel> piecewise;
 };
 
@@ -262,10 +196,7 @@ class Analyzer : public TraceVisitor {
       int64_t t = in.time_ns;
       if (resync_ && in.domain() == PERFQ_CLOCK_DEVICE) {
         auto it = resync_->find(in.source);
-        if (it != resync_->end())
-          t = it->second.piecewise
-                  ? static_cast<int64_t>(it->second.piecewise->to_host(in.rec.time))
-                  : apply_sync_model(it->second.model.model, in.rec.time);
+        if (it != resync_->end()) t = static_cast<int64_t>(it->second.piecewise->to_host(in.rec.time));
       }
       record(in, t);
     }
@@ -281,9 +212,11 @@ class Analyzer : public TraceVisitor {
     for (const auto& m : ms) {
       auto& d = sync_[m.source];
       ++d.models;
-      d.offset_ns = m.model.host_ref_ns - static_cast<int64_t>(m.model.device_ref);
-      d.drift_ppm = static_cast<double>(m.model.rate_ppb) / 1000.0;
-      d.uncertainty_ns = m.model.uncertainty_ns;
+      // Stated at the end, with the source's rates (clock_standing()).
+      if (auto cm = ClockModel::from_abi(m.model); cm && cm->valid) {
+        last_model_[m.source] = *cm;
+        d.worst_uncertainty_ns = std::max(d.worst_uncertainty_ns, m.model.uncertainty_ns);
+      }
       segments_[m.source].insert(m.model.segment);
     }
     return Status::ok();
@@ -303,6 +236,24 @@ class Analyzer : public TraceVisitor {
       r_.first_ns = first_;
       r_.last_ns = last_;
       r_.duration_ns = last_ - first_;
+    }
+    // A recorder that states its interval (start_ns, stop_ns: host times)
+    // gives the duration and rates of the recording, not of its records.
+    auto option_ns = [&](const char* key) -> std::optional<int64_t> {
+      auto it = r_.metadata.options.find(key);
+      if (it == r_.metadata.options.end()) return std::nullopt;
+      char* end = nullptr;
+      errno = 0;
+      const long long v = std::strtoll(it->second.c_str(), &end, 10);
+      if (errno || end == it->second.c_str() || *end) return std::nullopt;
+      return v;
+    };
+    const auto start = option_ns("start_ns"), stop = option_ns("stop_ns");
+    if (start && stop && *stop >= *start) {
+      r_.recording_start_ns = *start;
+      r_.recording_stop_ns = *stop;
+      r_.duration_ns = *stop - *start;
+      r_.duration_of_recording = true;
     }
     const double secs = static_cast<double>(r_.duration_ns) / 1e9;
     for (auto& [key, st] : streams_) {
@@ -329,16 +280,21 @@ class Analyzer : public TraceVisitor {
       const TraceSource* si = r_.metadata.find_source(src);
       d.name = si ? si->name : fmt::format("source {}", src);
       d.segments = segments_[src].size();
+      const ClockRates rates = rates_of(si);
+      if (auto lm = last_model_.find(src); lm != last_model_.end()) {
+        d.standing = clock_standing(lm->second, rates);
+        d.synchronized = true;
+      }
       if (opt.resync && resync_) {
         auto it = resync_->find(src);
         if (it != resync_->end()) {
-          const auto& m = it->second.model.model;
-          d.offset_ns = m.host_ref_ns - static_cast<int64_t>(m.device_ref);
-          d.drift_ppm = static_cast<double>(m.rate_ppb) / 1000.0;
-          d.uncertainty_ns = m.uncertainty_ns;
+          d.standing = clock_standing(it->second.summary, rates);
+          d.worst_uncertainty_ns = static_cast<uint64_t>(std::ceil(it->second.worst_ns));
+          d.synchronized = true;
           d.resynced = true;
         }
       }
+      d.uncertainty_ns = static_cast<uint64_t>(std::ceil(d.standing.bound_ns));
       r_.sync.push_back(d);
     }
     r_.jobs.count = job_count_;
@@ -365,13 +321,15 @@ class Analyzer : public TraceVisitor {
     return st;
   }
 
+  // Loss reports arrive in file order (a loss chunk written at the stop may
+  // come before records of earlier times): first and last are by time.
   static void note_loss(StreamState& st, int64_t t, uint64_t index) {
-    if (st.stat.loss_events == 0) {
+    if (st.stat.loss_events == 0 || t < st.stat.first_loss_ns) {
       st.stat.first_loss_ns = t;
       st.stat.first_loss_index = index;
     }
+    if (st.stat.loss_events == 0 || t > st.stat.last_loss_ns) st.stat.last_loss_ns = t;
     ++st.stat.loss_events;
-    st.stat.last_loss_ns = t;
   }
 
   // Event info, cached per (source, event).
@@ -547,6 +505,7 @@ class Analyzer : public TraceVisitor {
   std::map<std::pair<uint16_t, std::string>, LatencyHistogram> pairs_;
   std::map<uint16_t, ReportSync> sync_;
   std::map<uint16_t, std::set<uint32_t>> segments_;
+  std::map<uint16_t, ClockModel> last_model_;  // the newest valid model per device
   std::unordered_map<uint64_t, Job> jobs_;
   uint64_t job_count_ = 0;
   LatencyHistogram lat_[3];
@@ -578,10 +537,7 @@ class SampleCollector : public TraceVisitor {
 // when the rates are unknown or nothing could be fitted.
 std::shared_ptr<const PiecewiseModel> offline_piecewise(const TraceSource* src,
                                                         const std::vector<TraceSyncSample>& samples) {
-  if (!src || src->clock_hz == 0) return nullptr;
-  ClockRates rates;
-  rates.device_hz = src->clock_hz;
-  rates.timer_hz = src->timer_hz ? src->timer_hz : src->clock_hz;
+  const ClockRates rates = rates_of(src);
   if (!rates.validate().is_ok()) return nullptr;
   const std::vector<SyncRound> rounds = sync_rounds_of(samples);
   OfflineFit fit = fit_offline_rounds(rounds, rates);
@@ -603,29 +559,28 @@ Result<TraceReport> analyze_trace(const std::string& path, const TraceReportOpti
     if (!s.is_ok() && s.code() != Errc::kCorrupt) return s;
     for (auto& [src, samples] : c.samples) {
       Resync rs;
-      if (!options.fit) rs.piecewise = offline_piecewise(c.metadata.find_source(src), samples);
-      if (rs.piecewise) {
-        // Summarize the whole-recording model by its last segment: offset at
-        // its last knot, rate averaged from its first knot to its last.
-        const auto& knots = rs.piecewise->segments().back().knots;
-        ClockModel summary = knots.back();
-        const int64_t dd = time_diff(knots.back().device_ref, knots.front().device_ref);
-        if (dd > 0) {
-          const auto dh = static_cast<long double>(
-              time_diff(knots.back().to_host(knots.back().device_ref),
-                        knots.front().to_host(knots.front().device_ref)));
-          summary.ns_per_tick = dh / static_cast<long double>(dd);
-        }
-        rs.model = TraceClockModel{src, 0, summary.to_abi()};
-      } else {
-        auto m = options.fit ? options.fit(samples) : least_squares_sync_fit(samples);
-        if (!m.is_ok()) {
-          return Status(m.status().code(),
-                        fmt::format("{}: resync of source {}: {}", path, src, m.status().message()));
-        }
-        m->source = src;
-        rs.model = m.value();
+      rs.piecewise = offline_piecewise(c.metadata.find_source(src), samples);
+      if (!rs.piecewise) {
+        // Too few usable rounds to fit: the device keeps its online times,
+        // and the report says so rather than claim a resync.
+        r.resync_notes.push_back(fmt::format(
+            "source {}: no offline model ({} sync samples could not be fitted); its times are the "
+            "recording's own", src, samples.size()));
+        continue;
       }
+      // Summarize the whole-recording model by its last segment: offset at
+      // its last knot, rate averaged from its first knot to its last.
+      const auto& knots = rs.piecewise->segments().back().knots;
+      rs.summary = knots.back();
+      const int64_t dd = time_diff(knots.back().device_ref, knots.front().device_ref);
+      if (dd > 0) {
+        const auto dh = static_cast<long double>(time_diff(
+            knots.back().to_host(knots.back().device_ref), knots.front().to_host(knots.front().device_ref)));
+        rs.summary.ns_per_tick = dh / static_cast<long double>(dd);
+      }
+      // The worst claim of any segment's knots is the whole model's.
+      for (const auto& seg : rs.piecewise->segments())
+        for (const auto& k : seg.knots) rs.worst_ns = std::max(rs.worst_ns, k.uncertainty_ns);
       models[src] = std::move(rs);
     }
   }
@@ -692,6 +647,12 @@ std::string report_to_json(const TraceReport& r) {
   j["first_ns"] = r.first_ns;
   j["last_ns"] = r.last_ns;
   j["duration_ns"] = r.duration_ns;
+  // "recording": the recorder's start to stop; "records": first to last record.
+  j["duration_of"] = r.duration_of_recording ? "recording" : "records";
+  if (r.duration_of_recording) {
+    j["recording_start_ns"] = r.recording_start_ns;
+    j["recording_stop_ns"] = r.recording_stop_ns;
+  }
 
   ordered_json streams = ordered_json::array();
   ordered_json loss_streams = ordered_json::array();
@@ -722,23 +683,31 @@ std::string report_to_json(const TraceReport& r) {
   j["lost"] = {{"host", r.lost_host}, {"device", r.lost_device}, {"streams", loss_streams}};
 
   ordered_json devices = ordered_json::array();
+  auto sync_json = [](const ReportSync& d) {
+    ordered_json o = {{"synchronized", d.synchronized}};
+    if (d.synchronized) {
+      o["device_ahead_ns"] = d.standing.device_ahead_ns;
+      o["device_fast_ppm"] = d.standing.device_fast_ppm;
+      o["standing"] = standing_text(d.standing);
+    }
+    o["uncertainty_ns"] = d.uncertainty_ns;
+    o["worst_uncertainty_ns"] = d.worst_uncertainty_ns;
+    o["samples"] = d.samples;
+    o["models"] = d.models;
+    o["segments"] = d.segments;
+    o["resynced"] = d.resynced;
+    return o;
+  };
   for (const auto& d : r.sync) {
-    devices.push_back({{"source", d.source},
-                       {"name", d.name},
-                       {"offset_ns", d.offset_ns},
-                       {"drift_ppm", d.drift_ppm},
-                       {"uncertainty_ns", d.uncertainty_ns},
-                       {"samples", d.samples},
-                       {"models", d.models},
-                       {"segments", d.segments},
-                       {"resynced", d.resynced}});
+    ordered_json o = {{"source", d.source}, {"name", d.name}};
+    o.update(sync_json(d));
+    devices.push_back(o);
   }
   // Top level: the first device (the usual single-device case).
-  ReportSync first = r.sync.empty() ? ReportSync{} : r.sync.front();
-  j["sync"] = {{"offset_ns", first.offset_ns},     {"drift_ppm", first.drift_ppm},
-               {"uncertainty_ns", first.uncertainty_ns}, {"samples", first.samples},
-               {"models", first.models},           {"segments", first.segments},
-               {"resynced", first.resynced},       {"devices", devices}};
+  ordered_json sync = sync_json(r.sync.empty() ? ReportSync{} : r.sync.front());
+  sync["devices"] = devices;
+  if (!r.resync_notes.empty()) sync["resync_notes"] = r.resync_notes;
+  j["sync"] = sync;
 
   ordered_json events = ordered_json::array();
   for (const auto& e : r.events) {
@@ -826,7 +795,8 @@ std::string report_to_text(const TraceReport& r) {
     line("    " + pci_link_summary(d));
     if (const std::string p = pci_payload_summary(d); !p.empty()) line("    " + p);
   }
-  line(fmt::format("duration      {}", ns_text(r.duration_ns)));
+  line(fmt::format("duration      {}{}", ns_text(r.duration_ns),
+                   r.duration_of_recording ? "" : " (first to last record: the recorder stated no interval)"));
   line(fmt::format("records       host {}  device {}", r.records_host, r.records_device));
   for (const auto& s : r.streams) {
     line(fmt::format("  {:<24} {:<6} stream {:<5} {:>12} records", source_name(r, s.source),
@@ -843,11 +813,17 @@ std::string report_to_text(const TraceReport& r) {
   line("sync");
   if (r.sync.empty()) line("  no devices");
   for (const auto& d : r.sync) {
-    line(fmt::format("  {:<24} offset {} ns  drift {:.3f} ppm  uncertainty {} ns  samples {}  "
-                     "models {}  segments {}{}",
-                     d.name, d.offset_ns, d.drift_ppm, d.uncertainty_ns, d.samples, d.models,
-                     d.segments, d.resynced ? "  (offline resync)" : ""));
+    if (!d.synchronized) {
+      line(fmt::format("  {:<24} not synchronized (no clock model)  samples {}", d.name, d.samples));
+      continue;
+    }
+    line(fmt::format("  {:<24} {}{}", d.name, standing_text(d.standing),
+                     d.resynced ? "  (offline resync)" : ""));
+    line(fmt::format("  {:<24} bound +-{} ns (worst of the recording +-{} ns)  samples {}  models {}  "
+                     "segments {}",
+                     "", d.uncertainty_ns, d.worst_uncertainty_ns, d.samples, d.models, d.segments));
   }
+  for (const auto& n : r.resync_notes) line("  note: " + n);
   line("events");
   for (const auto& e : r.events) {
     line(fmt::format("  {:<24} {:<24} {:<8} {:>12}  {:>12.1f}/s", source_name(r, e.source), e.name,

@@ -192,6 +192,35 @@ double ClockModel::device_drift_ppb(const ClockRates& rates) const noexcept {
   return static_cast<double>((rates.device_ns_per_tick() / ns_per_tick - 1) * 1e9L);
 }
 
+ClockStanding clock_standing(const ClockModel& m, const ClockRates& rates) noexcept {
+  ClockStanding s;
+  // Each clock's reading as a signed 64-bit value: an origin just below
+  // 2^64 is a small negative time, as time_diff() reads differences.
+  const long double device_ns =
+      static_cast<long double>(static_cast<int64_t>(m.device_ref)) * rates.device_ns_per_tick();
+  const long double host_ns = static_cast<long double>(static_cast<int64_t>(m.host_ref)) + m.host_frac;
+  s.device_ahead_ns = static_cast<double>(device_ns - host_ns);
+  s.device_fast_ppm = m.device_drift_ppb(rates) / 1000.0;
+  s.bound_ns = m.uncertainty_ns;
+  return s;
+}
+
+std::string standing_text(const ClockStanding& s) {
+  const double a = std::fabs(s.device_ahead_ns);
+  std::string by;
+  if (a >= 1e9)
+    by = fmt::format("{:.3f} s", a / 1e9);
+  else if (a >= 1e6)
+    by = fmt::format("{:.3f} ms", a / 1e6);
+  else if (a >= 1e3)
+    by = fmt::format("{:.3f} us", a / 1e3);
+  else
+    by = fmt::format("{:.0f} ns", a);
+  return fmt::format("device clock {} {} the host, running {:.3f} ppm {}", by,
+                     s.device_ahead_ns >= 0 ? "ahead of" : "behind", std::fabs(s.device_fast_ppm),
+                     s.device_fast_ppm >= 0 ? "fast" : "slow");
+}
+
 perfq_sync_model ClockModel::to_abi() const noexcept {
   perfq_sync_model m{};
   m.device_ref = device_ref;
@@ -706,7 +735,7 @@ uint64_t DeviceClockSync::to_host(uint64_t device_time) const {
 
 bool DeviceClockSync::convert_record(perfq_record* r) const {
   if (!ready()) return false;
-  const unsigned domain = (r->flags & PERFQ_FLAGS_DOMAIN_MASK) >> PERFQ_FLAGS_DOMAIN_SHIFT;
+  const unsigned domain = PERFQ_FLAGS_DOMAIN(r->flags);
   if (domain != PERFQ_CLOCK_DEVICE) return false;
   r->time = to_host(r->time);
   r->flags = static_cast<uint16_t>((r->flags & ~PERFQ_FLAGS_DOMAIN_MASK) |

@@ -287,11 +287,4 @@ Result<SyncObservation> make_observation(std::span<const perfq_clock_sample> hos
   return o;
 }
 
-Result<SyncObservation> make_paired_observation(std::span<const perfq_clock_sample> host,
-                                                std::span<const perfq_clock_sample> dev,
-                                                const ClockRates& rates,
-                                                const SelectionConfig& sel, uint32_t round) {
-  return make_observation(host, dev, rates, sel, round);
-}
-
 }  // namespace perfq

@@ -37,6 +37,8 @@ TEST_CASE("abi: record flags pack kind and clock domain", "[abi]") {
       uint16_t f = PERFQ_FLAGS(kind, dom);
       CHECK((f & PERFQ_FLAGS_KIND_MASK) == kind);
       CHECK(((f & PERFQ_FLAGS_DOMAIN_MASK) >> PERFQ_FLAGS_DOMAIN_SHIFT) == dom);
+      CHECK(PERFQ_FLAGS_KIND(f) == kind);
+      CHECK(PERFQ_FLAGS_DOMAIN(f) == dom);
       CHECK((f & PERFQ_FLAGS_RESERVED_MASK) == 0);
     }
   }

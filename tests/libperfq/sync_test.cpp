@@ -842,7 +842,7 @@ TEST_CASE("sync: mode B, the device's model is the host's, loose rounds included
     const bool contended = no == 1 || no == 2 || no == 5 || (no > 5 && rng() % 3 == 0);
     sim.preempt_p = contended ? 1 : 0;
     const auto rd = sim.round_at(static_cast<long double>(no) * 100e6L, no);
-    auto o = make_paired_observation(rd.host, rd.device, sim.rates(), {}, no);
+    auto o = make_observation(rd.host, rd.device, sim.rates(), {}, no);
     REQUIRE(o.is_ok());
     const auto vh = gate.feed(host, *o);
     const auto vd = dev.add(*o);

@@ -71,8 +71,8 @@ TEST_CASE("perfqctl report --json prints the documented figures", "[perfqctl][re
   CHECK(j["records"]["device"] == 120);
   CHECK(j["lost"]["host"] == 0);
   CHECK(j["lost"]["device"] == 0);
-  CHECK(j["sync"]["offset_ns"] == 5'000'000'000);
-  CHECK(j["sync"]["drift_ppm"] == 0.0);
+  CHECK(j["sync"]["device_ahead_ns"] == -5'000'000'000.0);
+  CHECK(j["sync"]["device_fast_ppm"] == 0.0);
   CHECK(j["sync"]["uncertainty_ns"] == 200);
   CHECK(j["jobs"]["count"] == 40);
   CHECK(j["jobs"]["submit_to_start_ns"]["p50"] == 3000);

@@ -166,8 +166,8 @@ void print_summary(const json& s) {
                   static_cast<unsigned long long>(u64(d, "lost")),
                   d.contains("sync") && d["sync"].value("synchronized", false) ? "" : "not synchronized");
       if (d.contains("sync") && d["sync"].value("synchronized", false))
-        std::printf("sync +-%.0f ns, drift %+.3f ppm, %llu rounds",
-                    dbl(d["sync"], "uncertainty_ns"), dbl(d["sync"], "drift_ppm"),
+        std::printf("%s, +-%.0f ns, %llu rounds", d["sync"].value("standing", "?").c_str(),
+                    dbl(d["sync"], "uncertainty_ns"),
                     static_cast<unsigned long long>(u64(d["sync"], "rounds")));
       std::printf("\n");
       if (d.contains("error")) std::printf("    error: %s\n", d["error"].get<std::string>().c_str());
@@ -323,9 +323,9 @@ int run_status(const Common& o) {
                   static_cast<unsigned long long>(u64(dev, "ring_capacity")));
       const json& sy = dev["sync"];
       if (sy.value("synchronized", false))
-        std::printf("    sync mode %s: offset %.0f ns, drift %+.3f ppm, +-%.0f ns, %llu rounds "
+        std::printf("    sync mode %s: %s, +-%.0f ns, %llu rounds "
                     "(%llu failed), last %.0f ms ago\n",
-                    sy.value("mode", "?").c_str(), dbl(sy, "offset_ns"), dbl(sy, "drift_ppm"),
+                    sy.value("mode", "?").c_str(), sy.value("standing", "?").c_str(),
                     dbl(sy, "uncertainty_ns"), static_cast<unsigned long long>(u64(sy, "rounds")),
                     static_cast<unsigned long long>(u64(sy, "failed_rounds")),
                     dbl(sy, "last_round_ago_ms"));

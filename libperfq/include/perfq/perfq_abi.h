@@ -140,6 +140,10 @@ enum perfq_clock_domain {
 #define PERFQ_FLAGS_RESERVED_MASK 0xff00u
 #define PERFQ_FLAGS(kind, domain) \
 	((perfq_u16)((kind) | ((domain) << PERFQ_FLAGS_DOMAIN_SHIFT)))
+/* The two halves of flags: the one decoding every reader uses. */
+#define PERFQ_FLAGS_KIND(flags) ((unsigned)((flags) & PERFQ_FLAGS_KIND_MASK))
+#define PERFQ_FLAGS_DOMAIN(flags) \
+	((unsigned)(((flags) & PERFQ_FLAGS_DOMAIN_MASK) >> PERFQ_FLAGS_DOMAIN_SHIFT))
 
 struct perfq_record {
 	perfq_u64 index; /* per-stream sequence number: a gap is a loss */

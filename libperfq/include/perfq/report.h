@@ -5,13 +5,13 @@
 #pragma once
 
 #include <cstdint>
-#include <functional>
 #include <map>
 #include <span>
 #include <string>
 #include <vector>
 
 #include "perfq/status.h"
+#include "perfq/sync.h"
 #include "perfq/trace.h"
 
 namespace perfq {
@@ -53,32 +53,14 @@ class LatencyHistogram {
   long double sum_ = 0;
 };
 
-// The offline clock model for --resync: given every sync sample of one
-// device in the recording, returns one model for the whole recording.
-// A hook so the real estimator (perfq/sync.h) can be plugged in later.
-using OfflineSyncFit = std::function<Result<TraceClockModel>(std::span<const TraceSyncSample>)>;
-
-// The default offline fit: pairs each sample's host midpoint (H1+H2)/2 with
-// the device time at the same instant, D + (R2 - (R1before+R1after)/2)
-// (i.e. H - D = (H1+H2)/2 - R2 - (D - R1), as in ARCHITECTURE.md), keeps the
-// samples whose host bracket is at most twice the median, and fits
-// host = a + b * device by least squares.  uncertainty_ns = half the
-// tightest bracket + the RMS residual.  Needs at least one sample (one
-// sample: offset only, rate 0).  Samples lacking a side are skipped.
-Result<TraceClockModel> least_squares_sync_fit(std::span<const TraceSyncSample> samples);
-
-// host_ns = host_ref_ns + (device_time - device_ref) * (1 + rate_ppb / 1e9)
-int64_t apply_sync_model(const perfq_sync_model& m, uint64_t device_time);
-
 struct TraceReportOptions {
   // Recompute the host time of every device-clock record with the offline
-  // whole-recording model of each device (needs a second pass).  Without a
-  // custom `fit`, that is perfq/sync.h's fit_offline_rounds (piecewise:
-  // steps start segments), with the device's nominal clock and timer rates
-  // from the metadata; least_squares_sync_fit is the fallback when that
-  // cannot fit (too few rounds).
+  // whole-recording model of each device (needs a second pass): perfq/sync.h's
+  // fit_offline_rounds (piecewise: steps start segments), the one offline
+  // estimator, with the device's nominal clock and timer rates from the
+  // metadata.  A device whose rounds cannot be fitted keeps its online
+  // times, and TraceReport::resync_notes says so.
   bool resync = false;
-  OfflineSyncFit fit;  // a custom single-model fit, or empty
 };
 
 struct ReportStream {
@@ -97,12 +79,16 @@ struct ReportStream {
   uint64_t first_loss_index = 0; // index at (or just after) the first loss
 };
 
+// How a device's clock stands against the host's, in the one sign
+// convention of perfq/sync.h (clock_standing()): from the last clock model
+// of the recording, or from the offline fit with --resync.
 struct ReportSync {
   uint16_t source = 0;
   std::string name;
-  int64_t offset_ns = 0;        // H - D at the model's reference point
-  double drift_ppm = 0;         // rate_ppb / 1000
-  uint64_t uncertainty_ns = 0;
+  bool synchronized = false;    // a valid model exists (else standing is zero)
+  ClockStanding standing;
+  uint64_t uncertainty_ns = 0;  // that model's claimed bound, rounded up
+  uint64_t worst_uncertainty_ns = 0;  // the largest claim of any model of the recording
   uint64_t samples = 0;         // sync samples stored for the device
   uint64_t models = 0;          // clock models stored for the device
   uint64_t segments = 0;        // distinct segments among them
@@ -169,9 +155,15 @@ struct TraceReport {
   std::string stopped_early;
   uint64_t stop_offset = 0;
 
-  int64_t first_ns = 0;
+  int64_t first_ns = 0;  // host times of the first and last record
   int64_t last_ns = 0;
+  // The recording's: from the recorder's start to its stop where the trace
+  // states them (metadata options start_ns and stop_ns), else first to last
+  // record.  Event rates are per this duration.
   int64_t duration_ns = 0;
+  bool duration_of_recording = false;
+  int64_t recording_start_ns = 0;
+  int64_t recording_stop_ns = 0;
   uint64_t records_host = 0;
   uint64_t records_device = 0;
   uint64_t lost_host = 0;
@@ -179,6 +171,7 @@ struct TraceReport {
   uint64_t unmatched_ends = 0;  // END with no open BEGIN on its stream
   std::vector<ReportStream> streams;
   std::vector<ReportSync> sync;
+  std::vector<std::string> resync_notes;  // devices --resync could not fit
   std::vector<ReportEvent> events;
   std::vector<ReportPair> pairs;
   ReportJobs jobs;

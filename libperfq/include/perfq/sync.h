@@ -31,6 +31,7 @@
 
 #include <cstdint>
 #include <span>
+#include <string>
 #include <vector>
 
 #include "perfq/perfq_abi.h"
@@ -109,17 +110,6 @@ Result<SyncObservation> make_observation(std::span<const perfq_clock_sample> hos
                                          const ClockRates& rates,
                                          const SelectionConfig& sel = {}, uint32_t round = 0);
 
-// The same for a round whose device samples were taken between the host's
-// reads (the timer server takes one after every other answer), any number
-// of each: make_observation() already weights every device sample by its
-// distance from the host's selection, so R's own rate error cannot bias the
-// offset however long the round.  Kept as the name the callers use.
-Result<SyncObservation> make_paired_observation(std::span<const perfq_clock_sample> host,
-                                                std::span<const perfq_clock_sample> device,
-                                                const ClockRates& rates,
-                                                const SelectionConfig& sel = {},
-                                                uint32_t round = 0);
-
 // ---- 2. Clock model ------------------------------------------------------------
 
 // One linear model: host = host_ref + host_frac + (d - device_ref) * ns_per_tick.
@@ -137,7 +127,8 @@ struct ClockModel {
   uint64_t to_host(uint64_t device_time) const noexcept;
   // How fast the device clock runs against its nominal rate, measured in
   // host time, in ppb (+1000 ppm: D gains 1 ms per host second).  Note the
-  // ABI's rate_ppb is the inverse view (host ns per device tick).
+  // ABI's rate_ppb is the inverse view (host ns per device tick): outputs
+  // go through clock_standing(), never through rate_ppb.
   double device_drift_ppb(const ClockRates& rates) const noexcept;
 
   // The ABI form.  rate_ppb is host ns per device tick minus 1, in ppb, so
@@ -150,6 +141,29 @@ struct ClockModel {
   // converts to valid = false.
   static Result<ClockModel> from_abi(const perfq_sync_model& m);
 };
+
+// ---- The one sign convention (docs/sync.md "How the clocks stand") ------------
+//
+// Every output that states how a device clock stands against the host
+// (status, the stop summary, report, trace exports, man pages) takes it
+// from clock_standing() and words it with standing_text():
+//   device_ahead_ns  D - H at the model's reference, D read as ns at its
+//                    nominal rate: > 0, the device clock reads ahead of
+//                    the host (devsim --clock-offset-ns has this sign);
+//   device_fast_ppm  how fast D runs against its nominal rate, measured in
+//                    host time: > 0, the device clock gains on the host
+//                    (devsim --clock-drift-ppm has this sign).
+// The JSON keys are these names.  Each clock's u64 reading is taken as a
+// signed 64-bit value (as time_diff() reads differences), so an offset of
+// either sign reads as itself.
+struct ClockStanding {
+  double device_ahead_ns = 0;
+  double device_fast_ppm = 0;
+  double bound_ns = 0;  // the model's claimed uncertainty at its reference
+};
+ClockStanding clock_standing(const ClockModel& m, const ClockRates& rates) noexcept;
+// "device clock 2.570 s ahead of the host, running 40.001 ppm fast"
+std::string standing_text(const ClockStanding& s);
 
 // host = host_ref_ns + (d - device_ref) * (1e9 + rate_ppb) / 1e9, exact in
 // 128-bit integers, rounded to nearest; modular in u64.  What a device in
@@ -373,7 +387,7 @@ class DeviceClockSync {
                                               std::span<const perfq_clock_sample> device_samples,
                                               uint32_t round);
 
-  // Add an observation made elsewhere (make_paired_observation()), through
+  // Add an observation made elsewhere (make_observation()), through
   // the same RoundGate as the host's HostSync: given the same rounds, the
   // device's model is the host's.
   ClockSync::Verdict add(const SyncObservation& obs);

@@ -146,10 +146,8 @@ struct TraceRecord {
   int64_t time_ns = 0;  // host CLOCK_MONOTONIC ns (converted for devices)
 
   uint64_t raw_time() const { return rec.time; }
-  uint16_t kind() const { return rec.flags & PERFQ_FLAGS_KIND_MASK; }
-  uint16_t domain() const {
-    return (rec.flags & PERFQ_FLAGS_DOMAIN_MASK) >> PERFQ_FLAGS_DOMAIN_SHIFT;
-  }
+  uint16_t kind() const { return static_cast<uint16_t>(PERFQ_FLAGS_KIND(rec.flags)); }
+  uint16_t domain() const { return static_cast<uint16_t>(PERFQ_FLAGS_DOMAIN(rec.flags)); }
 };
 bool operator==(const TraceRecord& a, const TraceRecord& b);
 
