@@ -7,6 +7,8 @@
 #include <algorithm>
 #include <cmath>
 #include <deque>
+#include <filesystem>
+#include <map>
 #include <iterator>
 #include <chrono>
 #include <spdlog/spdlog.h>
@@ -57,8 +59,13 @@ constexpr double kSnapshotHorizonS = 60;
 
 class DeviceRecorder {
  public:
-  DeviceRecorder(Recording& rec, uint16_t source, std::unique_ptr<DeviceTransport> dev)
-      : rec_(rec), source_(source), dev_(std::move(dev)) {}
+  // backlog: records the ring held before the start, skipped unread.
+  DeviceRecorder(Recording& rec, uint16_t source, std::unique_ptr<DeviceTransport> dev,
+                 uint64_t backlog)
+      : rec_(rec), source_(source), dev_(std::move(dev)) {
+    before_start_ = backlog;
+    before_start_shown_ = backlog;
+  }
   ~DeviceRecorder() { stop(); }
 
   TraceSource describe() const {
@@ -143,9 +150,10 @@ class DeviceRecorder {
                  {"failed_rounds", failed_rounds_},
                  {"synchronized", has_model_}};
     if (has_model_) {
-      sync["offset_ns"] = offset_ns_;
-      sync["drift_ppm"] = drift_ppm_;
-      sync["uncertainty_ns"] = uncertainty_ns_;
+      sync["device_ahead_ns"] = standing_.device_ahead_ns;
+      sync["device_fast_ppm"] = standing_.device_fast_ppm;
+      sync["uncertainty_ns"] = standing_.bound_ns;
+      sync["standing"] = standing_text(standing_);
       sync["last_round_ago_ms"] = static_cast<double>(now_ns() - last_round_ns_) / 1e6;
     }
     if (!last_sync_error_.empty()) sync["last_error"] = last_sync_error_;
@@ -157,6 +165,7 @@ class DeviceRecorder {
               {"bytes", records_ * sizeof(perfq_record)},
               {"lost", lost_},
               {"invalid", invalid_},
+              {"before_start", before_start_shown_},
               {"waiting_for_clock", unconverted_},
               {"writer_waits", writer_waits_},
               {"ring_fill", fill},
@@ -252,15 +261,10 @@ class DeviceRecorder {
           }
         }
         if (has) {
-          const ClockModel& cm = sync.sync().current();
+          const ClockStanding st = clock_standing(sync.sync().current(), sync.rates());
           std::lock_guard lock(mu_);
           has_model_ = true;
-          const long double host_at_ref = static_cast<long double>(cm.host_ref) + cm.host_frac;
-          const long double dev_ns =
-              static_cast<long double>(cm.device_ref) * sync.rates().device_ns_per_tick();
-          offset_ns_ = static_cast<double>(host_at_ref - dev_ns);
-          drift_ppm_ = cm.device_drift_ppb(sync.rates()) / 1000.0;
-          uncertainty_ns_ = cm.uncertainty_ns;
+          standing_ = st;
           last_round_ns_ = now_ns();
         }
         std::lock_guard lock(mu_);
@@ -293,7 +297,7 @@ class DeviceRecorder {
   }
 
   static bool device_domain(const perfq_record& r) {
-    return ((r.flags & PERFQ_FLAGS_DOMAIN_MASK) >> PERFQ_FLAGS_DOMAIN_SHIFT) == PERFQ_CLOCK_DEVICE;
+    return PERFQ_FLAGS_DOMAIN(r.flags) == PERFQ_CLOCK_DEVICE;
   }
 
   // Converts r into out.  A device time is converted once a sync round
@@ -308,6 +312,7 @@ class DeviceRecorder {
     out->source = source_;
     out->rec = r;
     if (!device_domain(r)) {
+      // The drain lets D and mode B's host times through (validate_record).
       out->time_ns = static_cast<int64_t>(r.time);  // already host time (mode B)
       return true;
     }
@@ -387,7 +392,7 @@ class DeviceRecorder {
       while (!held_.empty()) {
         TraceRecord tr;
         if (!convert(held_.front(), model.get(), force, &tr)) break;
-        out.push_back(tr);
+        take(drain, tr, out);
         held_.pop_front();
         // Pass a long release on in batches (no bound yet: held_ is older).
         if (out.size() >= kDrainBatch) rec_.merger().push(input_, out, INT64_MIN);
@@ -401,8 +406,7 @@ class DeviceRecorder {
     for (const auto& r : batch) {
       TraceRecord tr;
       if (convert(r, model.get(), false, &tr)) {
-        out.push_back(tr);
-        frontier_.note(r.stream, tr.time_ns);
+        if (take(drain, tr, out)) frontier_.note(r.stream, tr.time_ns);
       } else if (held_.size() + newly_held_.size() < cap) {
         newly_held_.push_back(r);
       } else {
@@ -418,6 +422,7 @@ class DeviceRecorder {
       for (const auto& [id, a] : accounts_) lost_ += stream_lost(a);
       invalid_ = drain.invalid();
       consumed_ = drain.consumed();
+      before_start_shown_ = before_start_;
       unconverted_ = held_.size();
     }
     // Everything up to t0 has been read when the poll came back short; the
@@ -438,6 +443,19 @@ class DeviceRecorder {
                     : INT64_MIN;
     rec_.merger().push(input_, out, bound);  // also says this input is alive
     return static_cast<long>(*n);
+  }
+
+  // A converted record enters the recording (out, and the drain's
+  // accounting) if it happened after the recording started; one from before
+  // (stamped before the start, delivered after it) is counted and dropped.
+  bool take(DeviceDrain& drain, const TraceRecord& tr, std::vector<TraceRecord>& out) {
+    if (tr.time_ns < rec_.start_ns()) {
+      ++before_start_;
+      return false;
+    }
+    drain.account(tr.rec);
+    out.push_back(tr);
+    return true;
   }
 
   // Adds newly_held_ to held_, keeping held_ in device time order (each
@@ -469,8 +487,9 @@ class DeviceRecorder {
 
   void drain_main() {
     started_ns_ = now_ns();
-    set_state("recording", "");
+    // Recording::start() skipped what the ring held before the start.
     DeviceDrain drain(dev_->region());
+    set_state("recording", "");
     std::vector<perfq_record> batch;
     std::vector<TraceRecord> out;
     // Idle: back off to 1 ms sleeps, and once nothing came for a second to
@@ -518,7 +537,7 @@ class DeviceRecorder {
     if (auto model = this->model(); model && !held_.empty()) {
       for (const auto& r : held_) {
         TraceRecord tr;
-        if (convert(r, model.get(), true, &tr)) out.push_back(tr);
+        if (convert(r, model.get(), true, &tr)) take(drain, tr, out);
       }
       held_.clear();
       rec_.merger().push(input_, out, INT64_MIN);
@@ -603,18 +622,23 @@ class DeviceRecorder {
   uint64_t taken_rounds_ = 0;  // the sync thread's, then the drain's (after sync_done_)
   uint32_t fast_rounds_ = 0;   // the sync thread's: rounds taken at the warm-up interval
   uint64_t dropped_no_clock_ = 0;                  // drain thread only
+  uint64_t before_start_ = 0;                      // drain thread only
 
   mutable std::mutex mu_;  // guards what status() reads
   std::string state_ = "starting";
   std::string error_;
   std::map<uint16_t, StreamAccount> accounts_;
   uint64_t records_ = 0, lost_ = 0, invalid_ = 0, consumed_ = 0, unconverted_ = 0;
+  // Records of the device from before the recording's start: the ring's
+  // backlog skipped at the start, and those stamped before it that came
+  // later.  Not in the trace and not losses.
+  uint64_t before_start_shown_ = 0;
   uint64_t writer_waits_ = 0;  // polls skipped: the merge held kMaxMergePending records
   int64_t started_ns_ = now_ns();
   uint64_t rounds_ = 0, failed_rounds_ = 0;
   std::string last_sync_error_;
   bool has_model_ = false;
-  double offset_ns_ = 0, drift_ppm_ = 0, uncertainty_ns_ = 0;
+  ClockStanding standing_;
   int64_t last_round_ns_ = 0;
 };
 
@@ -653,24 +677,45 @@ Result<TraceWriter> open_as(const RecordingOptions& o, const TraceMetadata& meta
 
 Result<std::unique_ptr<Recording>> Recording::start(const RecordingOptions& o) {
   std::unique_ptr<Recording> rec(new Recording(o));
-  rec->start_ns_ = now_ns();
-  rec->host_start_ns_ = rec->start_ns_;
 
   // Devices first: a device that cannot be opened fails the start.
   std::vector<std::unique_ptr<DeviceTransport>> transports;
+  std::map<std::string, std::string> seen;  // canonical path -> the spec that named it
   for (const auto& spec : o.devices) {
+    // A device has one consumer: the same one twice in a request would
+    // steal its own records and rounds.
+    std::error_code ec;
+    const std::string canon = std::filesystem::weakly_canonical(transport_path(spec), ec).string();
+    if (auto [it, fresh] = seen.emplace(ec ? transport_path(spec) : canon, spec); !fresh)
+      return Status(Errc::kInvalidArgument, spec + ": the request lists this device twice (as '" +
+                                                it->second + "' and '" + spec + "')");
     auto t = open_transport(spec);
     if (!t) return Status(t.status().code(), spec + ": " + t.status().message());
+    if (Status c = t.value()->claim(); !c) return c;
     const auto state = device_state(t.value()->region());
     if (state == PERFQ_DEVICE_STOPPED)
       return Status(Errc::kUnavailable,
                     spec + ": the device has stopped (its collector exited); restart it first");
     transports.push_back(std::move(t.value()));
   }
+  // What the rings hold now was published before the recording (by a device
+  // that ran before it, or for an earlier recording): skipped unread, then
+  // the recording starts.  Records stamped before the start that arrive
+  // later are left out by their time (DeviceRecorder::take()).
+  std::vector<uint64_t> backlog;
+  for (auto& t : transports) {
+    auto skipped = DeviceDrain(t->region()).skip_backlog();
+    if (!skipped) return Status(skipped.status().code(), t->spec() + ": " + skipped.status().message());
+    backlog.push_back(*skipped);
+    if (*skipped)
+      spdlog::info("{}: {} records published before the start discarded", t->spec(), *skipped);
+  }
+  rec->start_ns_ = now_ns();
+  rec->host_start_ns_ = rec->start_ns_;
 
   TraceMetadata& meta = rec->metadata_;
   meta.describe_this_host();
-  meta.options["recorder"] = "perfq-daemon";
+  meta.options["recorder"] = o.recorder;
   meta.options["sync_mode"] = o.sync_mode == PERFQ_SYNC_MODE_B ? "b" : "a";
   meta.options["sync_interval_ms"] = std::to_string(o.sync_interval_ms);
   meta.options["start_ns"] = std::to_string(rec->start_ns_);
@@ -682,8 +727,9 @@ Result<std::unique_ptr<Recording>> Recording::start(const RecordingOptions& o) {
   meta.options["devices"] = devs;
 
   uint16_t source = 1;
-  for (auto& t : transports) {
-    rec->devices_.push_back(std::make_unique<DeviceRecorder>(*rec, source++, std::move(t)));
+  for (size_t i = 0; i < transports.size(); ++i) {
+    rec->devices_.push_back(
+        std::make_unique<DeviceRecorder>(*rec, source++, std::move(transports[i]), backlog[i]));
     meta.sources.push_back(rec->devices_.back()->describe());
   }
 
@@ -953,6 +999,12 @@ json Recording::stop(const std::function<void(const json&)>& progress) {
       }
     });
   const int64_t stop_ns = now_ns();
+  {
+    // The recording's interval, for the report's duration and rates.
+    TraceMetadata m;
+    m.options["stop_ns"] = std::to_string(stop_ns);
+    queue_metadata(m);
+  }
   for (auto& d : devices_) d->stop();
   // The host collector keeps passing records up to the stop time; the last
   // on_host_idle() from it (or this one) closes the host input.

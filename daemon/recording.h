@@ -55,6 +55,7 @@ struct RecordingOptions {
   uid_t owner_uid = 0;               // the trace file is created as this user
   gid_t owner_gid = 0;
   std::string requested_by;          // "uid 1000 (pid 42)"
+  std::string recorder = "perfq-daemon";  // who records (trace metadata)
   KernelEventOptions kernel;         // BPF host kernel events, if any
 };
 

@@ -1,5 +1,7 @@
 #include "perfq/host_apps.h"
 
+#include "perfq/drain.h"
+
 #include <fcntl.h>
 #include <poll.h>
 #include <sys/eventfd.h>
@@ -321,11 +323,8 @@ struct HostApps::Impl {
       uint64_t invalid = 0;
       for (size_t i = 0; i < s.size(); ++i) {
         const perfq_record rec_i = s[i];  // one copy: the app may be rewriting it
-        const unsigned kind = rec_i.flags & PERFQ_FLAGS_KIND_MASK;
-        const unsigned domain = (rec_i.flags & PERFQ_FLAGS_DOMAIN_MASK) >> PERFQ_FLAGS_DOMAIN_SHIFT;
-        if (kind < PERFQ_KIND_BEGIN || kind > PERFQ_KIND_COUNTER || domain != PERFQ_CLOCK_HOST ||
-            (rec_i.flags & PERFQ_FLAGS_RESERVED_MASK) || rec_i.stream != r.stream || !known ||
-            rec_i.event >= known->size() || !(*known)[rec_i.event]) {
+        if (!validate_record(rec_i, RecordOrigin::kHostApp).empty() || rec_i.stream != r.stream ||
+            !known || rec_i.event >= known->size() || !(*known)[rec_i.event]) {
           ++invalid;
           continue;
         }

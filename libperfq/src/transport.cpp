@@ -1,15 +1,21 @@
 #include "perfq/transport.h"
 
 #include <fcntl.h>
+#include <sys/file.h>
 #include <sys/ioctl.h>
+#include <sys/stat.h>
+#include <sys/sysmacros.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
+#include <fstream>
 #include <optional>
+#include <sstream>
 #include <thread>
 
 #include "perfq/fault_guard.h"
@@ -174,7 +180,64 @@ Result<std::unique_ptr<DeviceTransport>> DevTransport::open(const std::string& s
   return std::unique_ptr<DeviceTransport>(std::move(t));
 }
 
+// The first line of a /proc file, without its newline ("" if unreadable).
+std::string proc_line(const std::string& path) {
+  std::ifstream f(path);
+  std::string line;
+  std::getline(f, line);
+  return line;
+}
+
 }  // namespace
+
+std::string transport_path(const std::string& spec) {
+  return spec.rfind("shm:", 0) == 0 ? spec.substr(4) : spec;
+}
+
+std::string flock_holder(const std::string& path) {
+  struct stat st{};
+  if (::stat(path.c_str(), &st) != 0) return "";
+  // /proc/locks: "1: FLOCK  ADVISORY  WRITE 1234 00:1a:5678 0 EOF", the
+  // device in hex major:minor, the inode in decimal.
+  std::ifstream locks("/proc/locks");
+  std::string line;
+  while (std::getline(locks, line)) {
+    std::istringstream in(line);
+    std::string id, type, advisory, mode, dev;
+    long pid = 0;
+    in >> id >> type;
+    if (type == "->") in >> type;  // a waiter
+    in >> advisory >> mode >> pid >> dev;
+    if (type != "FLOCK" || !in) continue;
+    unsigned maj = 0, min = 0;
+    unsigned long long ino = 0;
+    if (std::sscanf(dev.c_str(), "%x:%x:%llu", &maj, &min, &ino) != 3) continue;
+    if (ino != st.st_ino || maj != major(st.st_dev) || min != minor(st.st_dev)) continue;
+    if (pid <= 0) return "";
+    if (pid == ::getpid()) return "this process (pid " + std::to_string(pid) + ")";
+    std::string comm = proc_line("/proc/" + std::to_string(pid) + "/comm");
+    return (comm.empty() ? std::string("a process") : comm) + " (pid " + std::to_string(pid) + ")";
+  }
+  return "";
+}
+
+Status DeviceTransport::claim() {
+  if (claim_.valid()) return Status::ok();
+  const std::string path = transport_path(spec());
+  UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+  if (!fd.valid()) return Status::from_errno(spec() + ": open to claim it");
+  if (::flock(fd.get(), LOCK_EX | LOCK_NB) != 0) {
+    const int err = errno;
+    if (err != EWOULDBLOCK) return Status::from_errno(spec() + ": flock", err);
+    const std::string who = flock_holder(path);
+    return Status(Errc::kUnavailable,
+                  spec() + ": the device is being recorded by " +
+                      (who.empty() ? std::string("another consumer") : who) +
+                      "; a device has one consumer at a time (stop that recording first)");
+  }
+  claim_ = std::move(fd);
+  return Status::ok();
+}
 
 Result<std::unique_ptr<DeviceTransport>> open_transport(const std::string& spec) {
   if (spec.rfind("shm:", 0) == 0) {

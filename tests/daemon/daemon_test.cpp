@@ -23,6 +23,7 @@
 #include <sstream>
 #include <thread>
 
+#include "perfq/device_clock.h"
 #include "perfq/pci.h"
 #include "kernel_events.h"
 #include "perfq/kernel_events.h"
@@ -225,7 +226,7 @@ TEST_CASE("daemon: devsim, daemon and a multi-threaded demo app make one ordered
   const std::string trace = dir.file("e2e.trace");
   Child dev({kBin + "/perfq-devsim", "--region", shm.path(), "--create", "--workers", "2",
              "--rate", "5000", "--job-workers", "2", "--duration", std::to_string(4 * kSlow),
-             "--clock-offset-ns", "-7000000000", "--clock-drift-ppm", "30"});
+             "--clock-offset-ns", "-7000000000", "--clock-drift-ppm", "30", "--wait-host"});
   REQUIRE(dev.started());
   REQUIRE(wait_for([&] { return access(shm.path().c_str(), F_OK) == 0; }, std::chrono::seconds(10)));
   Daemon d(dir);
@@ -362,7 +363,7 @@ TEST_CASE("daemon: records a device dropped are counted once, as the device coun
   const std::string trace = dir.file("drops.trace");
   Child dev({kBin + "/perfq-devsim", "--region", shm.path(), "--create", "--ring-records", "64",
              "--queue-records", "256", "--workers", "2", "--job-workers", "0", "--rate",
-             "400000", "--duration", std::to_string(2 * kSlow)});
+             "400000", "--duration", std::to_string(2 * kSlow), "--wait-host"});
   REQUIRE(dev.started());
   REQUIRE(wait_for([&] { return access(shm.path().c_str(), F_OK) == 0; }, std::chrono::seconds(10)));
   Daemon d(dir);
@@ -886,6 +887,158 @@ TEST_CASE("daemon: a recording with a duration ends by itself, and perfqctl star
   CHECK(stop->exit_code() == 0);
   CHECK(json::parse(stop->out())["output"] == dir.file("dur2.trace"));
   CHECK(ctl(d, {"stop"})->exit_code() == 1);  // nothing left to stop
+}
+
+// devsim's clock: D = H + offset + drift x H.  Every output of one
+// recording (status text and JSON, the stop summary, report text and JSON,
+// with and without --resync) must state it with devsim's signs; a second
+// recording on the same running device must hold only its own interval.
+TEST_CASE("daemon: every figure states the device clock as devsim set it, and a later recording "
+          "holds only its own time and losses",
+          "[daemon][process][sync]") {
+  TempDir dir("daemon-truth");
+  TempShm shm("daemon-truth");
+  const double offset_ns = 2'570'000'000, ppm = 40;
+  Child dev({kBin + "/perfq-devsim", "--region", shm.path(), "--create", "--workers", "2",
+             "--rate", "10000", "--job-workers", "0", "--clock-offset-ns", "2570000000",
+             "--clock-drift-ppm", "40", "--duration", std::to_string(60 * kSlow)});
+  REQUIRE(dev.started());
+  REQUIRE(wait_for([&] { return dev.err().find("running on") != std::string::npos; },
+                   std::chrono::seconds(static_cast<int>(10 * kSlow))));
+  Daemon d(dir);
+  auto host_now = [] { return static_cast<double>(monotonic_ns()); };
+  // The model's statement against the truth at about the host time `h`
+  // (the model's reference lies within the recording: the drift over a
+  // few seconds, 40 ppm of them, is far inside the margin).
+  auto check_standing = [&](const json& sy, const std::string& where, double h) {
+    INFO(where << ": " << sy.dump());
+    REQUIRE(sy.value("synchronized", false));
+    CHECK(std::fabs(sy["device_fast_ppm"].get<double>() - ppm) < 2);
+    CHECK(std::fabs(sy["device_ahead_ns"].get<double>() - (offset_ns + ppm * 1e-6 * h)) < 1e6);
+    const std::string text = sy["standing"];
+    CHECK(text.rfind("device clock ", 0) == 0);
+    CHECK(text.find(" s ahead of the host, running ") != std::string::npos);
+    CHECK(text.find(" ppm fast") != std::string::npos);
+  };
+
+  const std::string t1 = dir.file("first.trace");
+  REQUIRE(ctl(d, {"start", "-o", t1, "--device", "shm:" + shm.path()})->exit_code() == 0);
+  REQUIRE(wait_for(
+      [&] {
+        const json j = json::parse(ctl(d, {"status", "--json"})->out(), nullptr, false);
+        return j.is_object() && j["recording"].is_object() &&
+               j["recording"]["devices"][0]["sync"].value("rounds", 0) >= 20;
+      },
+      std::chrono::seconds(static_cast<int>(30 * kSlow))));
+  {
+    const json j = json::parse(ctl(d, {"status", "--json"})->out());
+    check_standing(j["recording"]["devices"][0]["sync"], "status --json", host_now());
+    auto text = ctl(d, {"status"});
+    CHECK(text->out().find("ahead of the host, running ") != std::string::npos);
+    CHECK(text->out().find(" ppm fast") != std::string::npos);
+  }
+  auto stop1 = ctl(d, {"stop", "--json"});
+  REQUIRE(stop1->exit_code() == 0);
+  check_standing(json::parse(stop1->out())["devices"][0]["sync"], "stop summary", host_now());
+  for (const bool resync : {false, true}) {
+    std::vector<std::string> argv = {kBin + "/perfqctl", "report", "--json", t1};
+    if (resync) argv.push_back("--resync");
+    Child rep(argv);
+    REQUIRE(rep.wait(std::chrono::seconds(static_cast<int>(60 * kSlow))));
+    INFO(rep.err());
+    REQUIRE(rep.exit_code() == 0);
+    const json rj = json::parse(rep.out());
+    check_standing(rj["sync"], resync ? "report --resync" : "report", host_now());
+    CHECK(rj["sync"]["resynced"] == resync);
+    Child txt({kBin + "/perfqctl", "report", t1});
+    REQUIRE(txt.wait(std::chrono::seconds(static_cast<int>(60 * kSlow))));
+    CHECK(txt.out().find("ahead of the host, running ") != std::string::npos);
+  }
+
+  // Half a second later the device's ring holds records of no recording
+  // (far less than it holds: nothing is dropped meanwhile).  The second
+  // recording starts past them: no loss it did not have, no time before
+  // its start, its own duration and rates.
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  const std::string t2 = dir.file("second.trace");
+  REQUIRE(ctl(d, {"start", "-o", t2, "--device", "shm:" + shm.path()})->exit_code() == 0);
+  std::this_thread::sleep_for(std::chrono::milliseconds(static_cast<int>(1500 * kSlow)));
+  auto stop2 = ctl(d, {"stop", "--json"});
+  REQUIRE(stop2->exit_code() == 0);
+  const json s2 = json::parse(stop2->out());
+  INFO("second stop: " << s2.dump());
+  CHECK(s2["devices"][0]["lost"] == 0);
+  CHECK(s2["devices"][0]["before_start"].get<uint64_t>() > 0);
+  for (const auto& st : s2["devices"][0]["streams"]) CHECK(st["lost"] == 0);
+  Child rep({kBin + "/perfqctl", "report", "--json", t2});
+  REQUIRE(rep.wait(std::chrono::seconds(static_cast<int>(60 * kSlow))));
+  REQUIRE(rep.exit_code() == 0);
+  const json rj = json::parse(rep.out());
+  INFO("second report: " << rep.out().substr(0, 3000));
+  CHECK(rj["lost"]["device"] == 0);
+  CHECK(rj["duration_of"] == "recording");
+  const auto start_ns = rj["recording_start_ns"].get<int64_t>();
+  const auto stop_ns = rj["recording_stop_ns"].get<int64_t>();
+  CHECK(rj["duration_ns"].get<int64_t>() == stop_ns - start_ns);
+  CHECK(std::fabs(rj["duration_ns"].get<double>() - s2["duration_s"].get<double>() * 1e9) < 1e6);
+  CHECK(rj["first_ns"].get<int64_t>() >= start_ns);
+  // The drain's last poll after the stop may take what the device published
+  // up to then: its latency, not seconds.
+  CHECK(rj["last_ns"].get<int64_t>() <= stop_ns + 500'000'000);
+  // Rates over the recording: devsim's 10 k/s, whatever the ring held.
+  bool ticks = false;
+  for (const auto& e : rj["events"]) {
+    if (e["name"] != "tick") continue;
+    ticks = true;
+    CHECK(e["rate_per_s"].get<double>() > 0.8 * 10000);
+    CHECK(e["rate_per_s"].get<double>() < 1.2 * 10000);
+  }
+  CHECK(ticks);
+}
+
+// One region, one consumer: a second daemon, a start naming the device
+// twice, or perfqctl record beside a recording are refused, naming the
+// holder; the claim dies with its holder, however it dies.
+TEST_CASE("daemon: a device has one consumer at a time, and the refusal names the holder",
+          "[daemon][process]") {
+  TempDir dir("daemon-claim");
+  TempShm shm("daemon-claim");
+  Child dev({kBin + "/perfq-devsim", "--region", shm.path(), "--create", "--workers", "1",
+             "--rate", "2000", "--job-workers", "0"});
+  REQUIRE(dev.started());
+  REQUIRE(wait_for([&] { return dev.err().find("running on") != std::string::npos; },
+                   std::chrono::seconds(static_cast<int>(10 * kSlow))));
+  const std::string spec = "shm:" + shm.path();
+  TempDir dir_b("daemon-claim-b");
+  Daemon a(dir), b(dir_b);
+
+  // The same device twice in one request, also spelt another way.
+  auto twice = ctl(b, {"start", "-o", dir_b.file("twice.trace"), "--device", spec, "--device",
+                       "shm:" + std::filesystem::path(shm.path()).parent_path().string() + "/./" +
+                           std::filesystem::path(shm.path()).filename().string()});
+  CHECK(twice->exit_code() == 1);
+  CHECK(twice->err().find("lists this device twice") != std::string::npos);
+
+  REQUIRE(ctl(a, {"start", "-o", dir.file("a.trace"), "--device", spec})->exit_code() == 0);
+  const std::string holder = "perfq-daemon (pid " + std::to_string(a.proc->pid()) + ")";
+  auto second = ctl(b, {"start", "-o", dir_b.file("b.trace"), "--device", spec});
+  INFO("second daemon: " << second->err());
+  CHECK(second->exit_code() == 1);
+  CHECK(second->err().find("being recorded by " + holder) != std::string::npos);
+  CHECK(access(dir_b.file("b.trace").c_str(), F_OK) != 0);  // nothing written
+  Child rec({kBin + "/perfqctl", "record", "--device", spec, "-o", dir_b.file("rec.trace")});
+  REQUIRE(rec.wait(std::chrono::seconds(static_cast<int>(30 * kSlow))));
+  INFO("record: " << rec.err());
+  CHECK(rec.exit_code() == 1);
+  CHECK(rec.err().find("being recorded by " + holder) != std::string::npos);
+
+  // The holder killed outright: its claim goes with it.
+  a.proc->signal(SIGKILL);
+  REQUIRE(a.proc->wait(std::chrono::seconds(10)));
+  auto after = ctl(b, {"start", "-o", dir_b.file("after.trace"), "--device", spec});
+  INFO("after the kill: " << after->err());
+  CHECK(after->exit_code() == 0);
+  CHECK(ctl(b, {"stop"})->exit_code() == 0);
 }
 
 TEST_CASE("daemon: SIGHUP reloads the config file", "[daemon][process]") {

@@ -114,6 +114,7 @@ TEST_CASE("device: workers, collector and host drain account for every record", 
     got.clear();
     auto n = drain.poll(got);
     REQUIRE(n.is_ok());
+    for (const auto& r : got) drain.account(r);
     for (const auto& r : got) {
       if ((r.flags & PERFQ_FLAGS_KIND_MASK) == PERFQ_KIND_LOST) continue;
       if (r.arg < next_arg[r.stream]) ++bad_order;  // per-stream order kept
@@ -170,6 +171,7 @@ TEST_CASE("device: overload keeps the oldest data and reports every loss", "[dev
   for (int i = 0; i < 50; ++i) {
     got.clear();
     REQUIRE(drain.poll(got, 16).is_ok());
+    for (const auto& r : got) drain.account(r);
     std::this_thread::sleep_for(std::chrono::milliseconds(2));
   }
   w0.join();
@@ -178,6 +180,7 @@ TEST_CASE("device: overload keeps the oldest data and reports every loss", "[dev
   while (!drain.finished()) {
     got.clear();
     REQUIRE(drain.poll(got).is_ok());
+    for (const auto& r : got) drain.account(r);
   }
   col.join();
 
@@ -508,21 +511,89 @@ TEST_CASE("drain: invalid records from the device are counted and dropped", "[de
   REQUIRE(p.try_push({2, 1, 0, PERFQ_FLAGS(PERFQ_KIND_END, 9), 7, 0}));
   REQUIRE(p.try_push({3, 1, 0, PERFQ_FLAGS(PERFQ_KIND_END, PERFQ_CLOCK_DEVICE) | 0x100, 8, 0}));
   REQUIRE(p.try_push({4, 1, 0, PERFQ_FLAGS(PERFQ_KIND_INSTANT, PERFQ_CLOCK_DEVICE), 9, 0}));
+  // Times the host cannot convert: the timer register R, and "host time"
+  // that the device did not compute in mode B.  Once they passed as host
+  // times, unconverted.
+  REQUIRE(p.try_push({5, 1, 0, PERFQ_FLAGS(PERFQ_KIND_INSTANT, PERFQ_CLOCK_DEVICE_TIMER), 10, 0}));
+  REQUIRE(p.try_push({6, 1, 0, PERFQ_FLAGS(PERFQ_KIND_INSTANT, PERFQ_CLOCK_HOST), 11, 0}));
+  REQUIRE(p.try_push({7, 1, 0, PERFQ_FLAGS(PERFQ_KIND_INSTANT, PERFQ_CLOCK_HOST_BY_DEVICE), 12, 0}));
   DeviceDrain drain(region);
   std::vector<perfq_record> got;
   auto n = drain.poll(got);
   REQUIRE(n.is_ok());
-  CHECK(*n == 5);
-  CHECK(got.size() == 2);
-  CHECK(drain.invalid() == 3);
+  CHECK(*n == 8);
+  REQUIRE(got.size() == 3);
+  CHECK(got[0].index == 0);
+  CHECK(got[1].index == 4);
+  CHECK(got[2].index == 7);
+  CHECK(drain.invalid() == 5);
   CHECK(drain.first_invalid().find("kind 0") != std::string::npos);
-  CHECK(drain.streams().at(0).gap_records == 3);
+  for (const auto& r : got) drain.account(r);
+  CHECK(drain.streams().at(0).gap_records == 5);
+  CHECK(drain.streams().at(0).received == 3);
+  CHECK(validate_record(perfq_record{0, 1, 0, PERFQ_FLAGS(PERFQ_KIND_INSTANT, PERFQ_CLOCK_DEVICE_TIMER), 1, 0})
+            .find("timer register R") != std::string::npos);
+  // An application's ring holds host times, and never a LOST record.
+  CHECK(validate_record(perfq_record{0, 1, 0, PERFQ_FLAGS(PERFQ_KIND_INSTANT, PERFQ_CLOCK_HOST), 1, 0},
+                        RecordOrigin::kHostApp).empty());
+  CHECK(!validate_record(perfq_record{0, 1, 0, PERFQ_FLAGS(PERFQ_KIND_LOST, PERFQ_CLOCK_HOST), 1, 0},
+                         RecordOrigin::kHostApp).empty());
+  CHECK(!validate_record(perfq_record{0, 1, 0, PERFQ_FLAGS(PERFQ_KIND_INSTANT, PERFQ_CLOCK_DEVICE), 1, 0},
+                         RecordOrigin::kHostApp).empty());
 
   // A corrupt tail stops the drain with the values seen.
   store_release(&region.host_ctrl()->tail_mirror, 1u << 20);
   auto e = drain.poll(got);
   REQUIRE_FALSE(e.is_ok());
   CHECK(e.status().message().find("1048576") != std::string::npos);
+}
+
+
+TEST_CASE("drain: a recording counts from its own first records, not from what came before",
+          "[device][drain]") {
+  TempShm shm("drain-backlog");
+  Region region = make_region(shm, 64);
+  auto p = region.device_producer();
+  const uint16_t inst = PERFQ_FLAGS(PERFQ_KIND_INSTANT, PERFQ_CLOCK_DEVICE);
+  // An earlier recording took indexes 0..9 of stream 0; 10..19 wait in the
+  // ring from before this recording's start.
+  {
+    DeviceDrain earlier(region);
+    for (uint64_t i = 0; i < 10; ++i) REQUIRE(p.try_push({i, 1, 0, inst, 100 + i, 0}));
+    std::vector<perfq_record> got;
+    REQUIRE(earlier.poll(got).is_ok());
+    REQUIRE(got.size() == 10);
+  }
+  for (uint64_t i = 10; i < 20; ++i) REQUIRE(p.try_push({i, 1, 0, inst, 100 + i, 0}));
+  DeviceDrain drain(region);
+  auto skipped = drain.skip_backlog();
+  REQUIRE(skipped.is_ok());
+  CHECK(*skipped == 10);
+  // The recording's records: 20..29 of stream 0 with 25 lost (and reported),
+  // and stream 1 from index 500 (a stream that ran long before).
+  for (uint64_t i = 20; i < 30; ++i)
+    if (i != 25) REQUIRE(p.try_push({i, 1, 0, inst, 100 + i, 0}));
+  REQUIRE(p.try_push({30, 0, 0, PERFQ_FLAGS(PERFQ_KIND_LOST, PERFQ_CLOCK_DEVICE), 131, 1}));
+  for (uint64_t i = 500; i < 505; ++i) REQUIRE(p.try_push({i, 1, 1, inst, 100 + i, 0}));
+  std::vector<perfq_record> got;
+  auto n = drain.poll(got);
+  REQUIRE(n.is_ok());
+  REQUIRE(got.size() == 15);
+  CHECK(got.front().index == 20);  // nothing of the backlog
+  for (const auto& r : got) drain.account(r);
+  const StreamAccount& a = drain.streams().at(0);
+  CHECK(a.first_index == 20);
+  CHECK(a.received == 9);
+  CHECK(a.gap_records == 1);  // index 25, not the 20 before the recording
+  CHECK(a.lost_reported == 1);
+  const StreamAccount& b = drain.streams().at(1);
+  CHECK(b.first_index == 500);
+  CHECK(b.gap_records == 0);
+  CHECK(b.received == 5);
+  // An empty ring skips nothing.
+  auto none = drain.skip_backlog();
+  REQUIRE(none.is_ok());
+  CHECK(*none == 0);
 }
 
 }  // namespace

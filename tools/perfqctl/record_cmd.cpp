@@ -1,31 +1,29 @@
 // perfqctl record: record one device into a trace file in the foreground,
-// without the daemon (as `perf record` does): drain the device's ring, run
-// sync rounds, convert device times to host time with the model valid at
-// each time, and append records in host-time order behind a watermark.
+// without a daemon (as `perf record` does).  A thin front end of the
+// daemon's own recording pipeline (perfqd::Recording: the drain, sync and
+// writer threads, the same conversion and merge): one recorder, whichever
+// way it is started.
 #include <signal.h>
 #include <unistd.h>
 
-#include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <filesystem>
+#include <memory>
+#include <spdlog/sinks/stdout_color_sinks.h>
+#include <spdlog/spdlog.h>
 #include <thread>
-#include <vector>
 
 #include "commands.h"
 #include "perfq/device.h"
-#include "perfq/device_clock.h"
-#include "perfq/drain.h"
-#include "perfq/host_sync.h"
-#include "perfq/pci_scan.h"
-#include "perfq/trace.h"
 #include "perfq/transport.h"
+#include "recording.h"
 
 namespace perfqctl {
 namespace {
 
 using namespace perfq;
-
-constexpr uint16_t kDeviceSource = 1;
+using nlohmann::json;
 
 struct RecordOptions {
   std::string device;
@@ -33,7 +31,6 @@ struct RecordOptions {
   double duration = 0;
   unsigned sync_interval_ms = 100;
   std::string sync_mode = "a";
-  double watermark_ms = 200;
 };
 
 volatile sig_atomic_t g_stop = 0;
@@ -44,192 +41,104 @@ int fail(const std::string& msg) {
   return kExitFail;
 }
 
+// The device has said it runs, within 5 s (a device started just before us).
+Status wait_running(const std::string& spec) {
+  const uint64_t until = monotonic_ns() + 5'000'000'000ull;
+  for (;;) {
+    auto t = open_transport(spec);
+    if (t && device_state(t.value()->region()) == PERFQ_DEVICE_RUNNING) return Status::ok();
+    if (monotonic_ns() > until || g_stop)
+      return t ? Status(Errc::kUnavailable,
+                        spec + ": the device is not running (state " +
+                            std::to_string(device_state(t.value()->region())) + ")")
+               : t.status();
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+}
+
+bool devices_ended(const json& status) {
+  if (!status.contains("devices") || status["devices"].empty()) return false;
+  for (const auto& d : status["devices"]) {
+    const std::string st = d.value("state", "");
+    if (st != "finished" && st != "gone" && st != "failed") return false;
+  }
+  return true;
+}
+
 int run_record(const RecordOptions& o) {
   signal(SIGINT, on_signal);
   signal(SIGTERM, on_signal);
+  // The pipeline logs through spdlog: its warnings and errors, to stderr.
+  auto log = spdlog::stderr_color_st("perfqctl");
+  log->set_pattern("perfqctl record: %l: %v");
+  log->set_level(spdlog::level::warn);
+  spdlog::set_default_logger(log);
 
-  // Open the device and wait (a little) for it to say it runs.
-  std::unique_ptr<DeviceTransport> dev;
-  const uint64_t wait_until = monotonic_ns() + 5'000'000'000ull;
-  while (!dev) {
-    auto t = open_transport(o.device);
-    if (t && device_state(t.value()->region()) == PERFQ_DEVICE_RUNNING) {
-      dev = std::move(t.value());
-      break;
-    }
-    if (monotonic_ns() > wait_until || g_stop)
-      return fail(t ? o.device + ": the device is not running (state " +
-                          std::to_string(device_state(t.value()->region())) + ")"
-                    : t.status().message());
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  }
-  const Region& region = dev->region();
+  if (Status s = wait_running(o.device); !s) return fail(s.message());
 
-  TraceMetadata meta;
-  meta.describe_this_host();
-  meta.options["device"] = o.device;
-  meta.options["sync_mode"] = o.sync_mode;
-  meta.options["sync_interval_ms"] = std::to_string(o.sync_interval_ms);
-  meta.options["recorder"] = "perfqctl record";
-  TraceSource src;
-  src.id = kDeviceSource;
-  src.kind = TraceSourceKind::kDevice;
-  src.name = region.device_name();
-  src.clock_hz = region.header().device_clock_hz;
-  src.timer_hz = region.header().timer_hz;
-  if (auto pci = pci_device_for_spec(o.device); !pci) {
-    std::fprintf(stderr, "perfqctl record: %s: no PCI facts in the trace: %s\n", o.device.c_str(),
-                 pci.status().message().c_str());
-  } else if (pci.value()) {
-    src.pci = *pci.value();
-    src.pci_address = src.pci->address;
-    if (src.pci->pcie && src.pci->pcie->link_current)
-      src.link = pci_link_name(*src.pci->pcie->link_current);
-  }
-  auto dict = read_dictionary(region);
-  if (!dict) return fail(o.device + ": " + dict.status().message());
-  for (const auto& e : *dict)
-    src.events.push_back({e.event, static_cast<uint16_t>(e.kind), e.name});
-  meta.sources.push_back(src);
+  perfqd::RecordingOptions ro;
+  std::error_code ec;
+  ro.output = std::filesystem::absolute(o.output, ec).string();
+  if (ec) ro.output = o.output;
+  ro.devices = {o.device};
+  ro.sync_interval_ms = o.sync_interval_ms;
+  ro.sync_mode = o.sync_mode == "b" ? PERFQ_SYNC_MODE_B : PERFQ_SYNC_MODE_A;
+  ro.duration_s = o.duration;
+  ro.recorder = "perfqctl record";
+  auto rec = perfqd::Recording::start(ro);
+  if (!rec) return fail(rec.status().message());
+  // No applications: the host input never holds the merge back.
+  rec.value()->suspend_host_input();
 
-  auto writer = TraceWriter::open(o.output, meta);
-  if (!writer) return fail(writer.status().message());
-
-  HostSyncOptions so;
-  so.mode = o.sync_mode == "b" ? PERFQ_SYNC_MODE_B : PERFQ_SYNC_MODE_A;
-  so.keep_rounds = 1;  // each round goes to the trace at once
-  HostSync sync(*dev, so);
-  DeviceDrain drain(region);
-
-  std::vector<perfq_record> batch;
-  std::vector<perfq_record> unconverted;  // device records waiting for a first model
-  std::vector<TraceRecord> pending;       // converted, waiting for the watermark
   const bool tty = isatty(2);
-  const uint64_t start = monotonic_ns();
-  uint64_t next_round = start, next_progress = start + 1'000'000'000ull;
-  uint64_t written = 0, failed_rounds = 0;
-  const auto watermark_ns = static_cast<uint64_t>(o.watermark_ms * 1e6);
-  std::string first_round_error;
-
-  auto convert = [&](const perfq_record& r, TraceRecord* out) {
-    out->source = kDeviceSource;
-    out->rec = r;
-    const unsigned dom = (r.flags & PERFQ_FLAGS_DOMAIN_MASK) >> PERFQ_FLAGS_DOMAIN_SHIFT;
-    if (dom == PERFQ_CLOCK_DEVICE) {
-      if (!sync.sync().has_model()) return false;
-      out->time_ns = static_cast<int64_t>(sync.sync().to_host(r.time));
-    } else {
-      out->time_ns = static_cast<int64_t>(r.time);  // already host time (mode B)
-    }
-    return true;
-  };
-  auto flush_below = [&](uint64_t limit) -> Status {
-    std::sort(pending.begin(), pending.end(),
-              [](const TraceRecord& a, const TraceRecord& b) { return a.time_ns < b.time_ns; });
-    auto cut = std::find_if(pending.begin(), pending.end(), [&](const TraceRecord& r) {
-      return static_cast<uint64_t>(r.time_ns) >= limit;
-    });
-    const size_t n = static_cast<size_t>(cut - pending.begin());
-    if (n == 0) return Status::ok();
-    Status s = writer->append_records(std::span(pending.data(), n));
-    written += n;
-    pending.erase(pending.begin(), cut);
-    return s;
-  };
-
-  bool device_done = false;
-  Backoff idle(std::chrono::microseconds(2000));
-  while (!g_stop && !device_done) {
-    const uint64_t now = monotonic_ns();
-    if (o.duration > 0 && now - start >= static_cast<uint64_t>(o.duration * 1e9)) break;
-    if (now >= next_round) {
-      auto r = sync.round();
-      if (!r) {
-        if (failed_rounds++ == 0) first_round_error = r.status().message();
-      } else {
-        const SyncRound& sr = sync.rounds().back();
-        if (Status s = writer->append_sync_samples(trace_samples_of(kDeviceSource, sr)); !s)
-          return fail(s.message());
-        if (sync.sync().has_model()) {
-          TraceClockModel m{kDeviceSource, static_cast<int64_t>(monotonic_ns()),
-                            sync.sync().current().to_abi()};
-          if (Status s = writer->append_clock_model(m); !s) return fail(s.message());
-        }
-      }
-      next_round += o.sync_interval_ms * 1'000'000ull;
-      if (next_round < now) next_round = now;
-    }
-    batch.clear();
-    auto n = drain.poll(batch, 16384);
-    if (dev->gone()) {
-      // The device was removed: what this poll read is not data.  Finish
-      // the trace with everything read before.
-      std::fprintf(stderr, "perfqctl record: %s: the device is gone (removed or reset); the "
-                   "trace keeps everything read before\n", o.device.c_str());
-      batch.clear();
-      break;
-    }
-    if (!n) return fail(n.status().message());
-    for (const auto& r : batch) {
-      TraceRecord tr;
-      if (convert(r, &tr))
-        pending.push_back(tr);
-      else
-        unconverted.push_back(r);
-    }
-    if (!unconverted.empty() && sync.sync().has_model()) {
-      for (const auto& r : unconverted) {
-        TraceRecord tr;
-        if (convert(r, &tr)) pending.push_back(tr);
-      }
-      unconverted.clear();
-    }
-    if (Status s = flush_below(monotonic_ns() - watermark_ns); !s) return fail(s.message());
-    if (*n == 0) {
-      device_done = drain.finished();
-      idle.wait();
-    } else {
-      idle.reset();
-    }
-    if (tty && monotonic_ns() >= next_progress) {
-      next_progress += 1'000'000'000ull;
-      const double unc = sync.sync().has_model() ? sync.sync().current().uncertainty_ns : 0;
-      std::fprintf(stderr, "\rrecording %s: %.0f s, %llu records, sync rounds %u (+-%.0f ns)   ",
-                   o.device.c_str(), static_cast<double>(monotonic_ns() - start) / 1e9,
-                   static_cast<unsigned long long>(written + pending.size()), sync.rounds_done(),
-                   unc);
+  auto next_progress = std::chrono::steady_clock::now() + std::chrono::seconds(1);
+  while (!g_stop && !rec.value()->wants_stop()) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    const json st = rec.value()->status();
+    if (devices_ended(st)) break;  // the device stopped: everything it published is read
+    if (tty && std::chrono::steady_clock::now() >= next_progress) {
+      next_progress += std::chrono::seconds(1);
+      const json& d = st["devices"][0];
+      std::fprintf(stderr, "\rrecording %s: %.0f s, %llu records, %llu lost, sync rounds %llu%s   ",
+                   o.device.c_str(), st.value("elapsed_s", 0.0),
+                   static_cast<unsigned long long>(d.value("records", uint64_t{0})),
+                   static_cast<unsigned long long>(d.value("lost", uint64_t{0})),
+                   static_cast<unsigned long long>(d["sync"].value("rounds", uint64_t{0})),
+                   d["sync"].value("synchronized", false) ? "" : " (not synchronized yet)");
     }
   }
   if (tty) std::fprintf(stderr, "\n");
-  // Take what the device already published, then write everything.
-  for (int i = 0; i < 1000 && !dev->gone(); ++i) {
-    batch.clear();
-    auto n = drain.poll(batch, 16384);
-    if (!n || *n == 0) break;
-    for (const auto& r : batch) {
-      TraceRecord tr;
-      if (convert(r, &tr)) pending.push_back(tr);
-      else unconverted.push_back(r);
+  const json sum = rec.value()->stop();
+  rec.value().reset();
+  int rc = kExitOk;
+  for (const auto& d : sum["devices"]) {
+    if (d.contains("error")) {
+      std::fprintf(stderr, "perfqctl record: %s: %s\n", d.value("device", "?").c_str(),
+                   d["error"].get<std::string>().c_str());
+      if (d.value("state", "") == "failed") rc = kExitFail;
     }
+    if (d.value("invalid", uint64_t{0}) > 0)
+      std::fprintf(stderr, "perfqctl record: %s: %llu invalid device records dropped\n",
+                   d.value("device", "?").c_str(),
+                   static_cast<unsigned long long>(d["invalid"].get<uint64_t>()));
+    const json& sy = d["sync"];
+    if (sy.value("failed_rounds", uint64_t{0}) > 0)
+      std::fprintf(stderr, "perfqctl record: %llu sync rounds failed; last: %s\n",
+                   static_cast<unsigned long long>(sy["failed_rounds"].get<uint64_t>()),
+                   sy.value("last_error", "?").c_str());
   }
-  if (!unconverted.empty())
-    std::fprintf(stderr,
-                 "perfqctl record: %zu device records could not be converted (no clock model: "
-                 "%s); they are not in the trace\n",
-                 unconverted.size(),
-                 first_round_error.empty() ? "too few sync rounds" : first_round_error.c_str());
-  if (drain.invalid() > 0)
-    std::fprintf(stderr, "perfqctl record: %llu invalid device records dropped; first: %s\n",
-                 static_cast<unsigned long long>(drain.invalid()), drain.first_invalid().c_str());
-  if (Status s = flush_below(UINT64_MAX); !s) return fail(s.message());
-  if (Status s = writer->close(); !s) return fail(s.message());
-  if (failed_rounds)
-    std::fprintf(stderr, "perfqctl record: %llu sync rounds failed; first: %s\n",
-                 static_cast<unsigned long long>(failed_rounds), first_round_error.c_str());
-  std::printf("wrote %s: %llu records, %u sync rounds, %llu bytes\n", o.output.c_str(),
-              static_cast<unsigned long long>(written), sync.rounds_done(),
-              static_cast<unsigned long long>(writer->bytes_written()));
-  return kExitOk;
+  if (sum.contains("error")) {
+    std::fprintf(stderr, "perfqctl record: %s\n", sum["error"].get<std::string>().c_str());
+    rc = kExitFail;
+  }
+  if (!sum.value("complete", false)) rc = kExitFail;
+  const json& d0 = sum["devices"].empty() ? json::object() : sum["devices"][0];
+  std::printf("wrote %s: %llu records, %llu sync rounds, %llu bytes%s\n", o.output.c_str(),
+              static_cast<unsigned long long>(sum.value("records", uint64_t{0})),
+              static_cast<unsigned long long>(d0.contains("sync") ? d0["sync"].value("rounds", uint64_t{0}) : 0),
+              static_cast<unsigned long long>(sum.value("bytes", uint64_t{0})),
+              sum.value("complete", false) ? "" : " (INCOMPLETE)");
+  return rc;
 }
 
 }  // namespace
@@ -238,10 +147,10 @@ void add_record_command(CLI::App& app, int& exit_code) {
   auto o = std::make_shared<RecordOptions>();
   CLI::App* cmd = app.add_subcommand(
       "record",
-      "Record one device into a trace file in the foreground, without the daemon: drain its "
-      "ring, synchronize its clock, write records in host-time order. Stops on SIGINT/SIGTERM, "
-      "after --duration, or when the device stops.");
-  cmd->add_option("--device", o->device, "Device: shm:PATH")->required();
+      "Record one device into a trace file in the foreground, without the daemon, through the "
+      "daemon's own recording pipeline: drain its ring, synchronize its clock, write records in "
+      "host-time order. Stops on SIGINT/SIGTERM, after --duration, or when the device stops.");
+  cmd->add_option("--device", o->device, "Device: shm:PATH or /dev/perfqN")->required();
   cmd->add_option("-o,--output", o->output, "Trace file to write")->capture_default_str();
   cmd->add_option("--duration", o->duration, "Stop after S seconds")
       ->check(CLI::NonNegativeNumber);

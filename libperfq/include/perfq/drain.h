@@ -20,16 +20,35 @@
 
 namespace perfq {
 
+// One stream's accounting over the records a recording took.  Gaps count
+// from the stream's first record taken: what came before it (an earlier
+// recording's, or the ring's backlog at the start) is not this recording's
+// loss.
 struct StreamAccount {
   uint64_t received = 0;       // valid records other than LOST
   uint64_t lost_reported = 0;  // sum of the LOST records' counts
   uint64_t gap_records = 0;    // indices skipped between received records
   uint64_t out_of_order = 0;   // records whose index went backwards
   uint64_t next_index = 0;     // expected index of the next record
+  uint64_t first_index = 0;    // index of the first record taken
+  bool seen = false;           // a record other than LOST was taken
 };
 
-// Check one record from an untrusted source; empty string when valid.
-std::string validate_record(const perfq_record& r);
+// Who wrote a record, which says what it may hold.
+enum class RecordOrigin : uint8_t {
+  // A device region: any kind, times in the device clock D or (mode B)
+  // host time the device computed.  Not R: the host converts only D (a
+  // device that stamps records with its timer register declares that
+  // register as its clock, device_clock_hz = timer_hz).
+  kDevice,
+  // A host application's ring: BEGIN, END, INSTANT or COUNTER, in host time
+  // (the daemon writes LOST records, never an application).
+  kHostApp,
+};
+
+// Check one record from an untrusted source; empty string when valid, else
+// what is wrong with it.  The one validator of records from outside.
+std::string validate_record(const perfq_record& r, RecordOrigin origin = RecordOrigin::kDevice);
 
 class DeviceDrain {
  public:
@@ -37,8 +56,17 @@ class DeviceDrain {
 
   // Move up to max records out of the ring; valid ones are appended to out.
   // Returns how many were consumed (valid or not); an error when the ring's
-  // tail is corrupt (the drain stops there).
+  // tail is corrupt (the drain stops there).  Accounting is the caller's
+  // (account()), for the records it keeps.
   Result<size_t> poll(std::vector<perfq_record>& out, size_t max = 4096);
+
+  // Discards what the ring holds now unread (published before a recording
+  // started) and returns how many records that was.
+  Result<uint64_t> skip_backlog();
+
+  // Counts a record the caller took into its recording (per stream:
+  // received, reported losses, index gaps from the first record taken).
+  void account(const perfq_record& r);
 
   // The device has stopped and everything it published has been read.
   bool finished();

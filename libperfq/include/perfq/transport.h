@@ -22,6 +22,7 @@
 #include <string>
 #include <vector>
 
+#include "perfq/mapping.h"
 #include "perfq/perfq_abi.h"
 #include "perfq/region.h"
 #include "perfq/status.h"
@@ -57,7 +58,27 @@ class DeviceTransport {
   // clock_samples() fails with Errc::kUnavailable "device gone".  Check it
   // after each poll and finish up.
   virtual bool gone() const { return false; }
+
+  // One region, one consumer: takes the device for this process's consumer
+  // (a daemon's recording, or perfqctl record) until the transport is
+  // destroyed.  An exclusive flock(2) on the region's file or device node,
+  // which the kernel drops when its holder exits, however it exits.  Fails
+  // with Errc::kUnavailable naming the holder ("perfq-daemon, pid 1234") when
+  // another consumer, in this process or another, holds it.  Readers that
+  // only look (status, listing, a job submitter) do not claim.
+  Status claim();
+  bool claimed() const { return claim_.valid(); }
+
+ private:
+  UniqueFd claim_;
 };
+
+// The path of a spec's region file or device node ("shm:PATH": PATH).
+std::string transport_path(const std::string& spec);
+
+// Who holds an flock on the file at `path`: "COMM (pid N)", "this process
+// (pid N)", or "" when the holder cannot be told (/proc/locks unreadable).
+std::string flock_holder(const std::string& path);
 
 // Open "shm:PATH" or "/dev/perfqN".  The error says what was wrong with the
 // spec, the driver's answer or the region.
