@@ -147,10 +147,15 @@ class Run:
             if not good:
                 f.write(b"NOTPERFQ")
 
-    def start_devsim(self, path):
+    def start_devsim(self, path, wait_host=False):
+        # wait_host: the synthetic workers start with the first sync round
+        # (the recording's), so that devsim's counts are the recording's: a
+        # recording leaves out what the device published before its start.
         cmd = [os.path.join(self.bindir, "perfq-devsim"), "--region", path, "--create",
                "--region-size", str(REGION_SIZE), "--device-name", "perfq-qemu",
                "--rate", "500", "--workers", "2", "--job-workers", "2"]
+        if wait_host:
+            cmd.append("--wait-host")
         self.devsim_out = open(os.path.join(self.dir, "devsim.json"), "w+")
         self.devsim_err = open(os.path.join(self.dir, "devsim.log"), "w")
         self.devsim = subprocess.Popen(cmd, stdout=self.devsim_out, stderr=self.devsim_err)
@@ -654,7 +659,7 @@ def run_scenario(args, name):
         regions = []
         if name in ("load", "badinput", "e2e", "unplug"):
             run.make_region(run.shm)
-            run.start_devsim(run.shm)
+            run.start_devsim(run.shm, wait_host=name == "e2e")
             regions.append(run.shm)
         if name == "badinput":
             run.make_region(run.shm + "-bad", good=False)

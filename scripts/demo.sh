@@ -35,9 +35,9 @@ trap cleanup EXIT INT TERM
 
 step() { printf '\n== %s\n' "$*"; }
 
-step "starting the software device (clock offset 1.5 s, drift +25 ppm)"
+step "starting the software device (its clock 1.5 s ahead of the host, running 25 ppm fast)"
 "$BIN/perfq-devsim" --region "$REGION" --create --workers 2 --rate 20000 --job-workers 2 \
-  --clock-offset-ns 1500000000 --clock-drift-ppm 25 --device-name "perfq demo accelerator" \
+  --clock-offset-ns 1500000000 --clock-drift-ppm 25 --device-name "perfq demo accelerator" --wait-host \
   >"$OUT/devsim.json" 2>"$OUT/devsim.log" &
 devsim=$!
 pids+=($devsim)
