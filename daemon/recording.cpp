@@ -154,6 +154,7 @@ class DeviceRecorder {
       sync["device_fast_ppm"] = standing_.device_fast_ppm;
       sync["uncertainty_ns"] = standing_.bound_ns;
       sync["standing"] = standing_text(standing_);
+      sync["rate_implausible"] = standing_.rate_implausible;
       sync["last_round_ago_ms"] = static_cast<double>(now_ns() - last_round_ns_) / 1e6;
     }
     if (!last_sync_error_.empty()) sync["last_error"] = last_sync_error_;
@@ -264,6 +265,8 @@ class DeviceRecorder {
           const ClockStanding st = clock_standing(sync.sync().current(), sync.rates());
           std::lock_guard lock(mu_);
           has_model_ = true;
+          if (st.rate_implausible && !standing_.rate_implausible)
+            spdlog::warn("{}: {}", dev_->spec(), standing_text(st));
           standing_ = st;
           last_round_ns_ = now_ns();
         }

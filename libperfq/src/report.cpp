@@ -689,6 +689,7 @@ std::string report_to_json(const TraceReport& r) {
       o["device_ahead_ns"] = d.standing.device_ahead_ns;
       o["device_fast_ppm"] = d.standing.device_fast_ppm;
       o["standing"] = standing_text(d.standing);
+      o["rate_implausible"] = d.standing.rate_implausible;
     }
     o["uncertainty_ns"] = d.uncertainty_ns;
     o["worst_uncertainty_ns"] = d.worst_uncertainty_ns;

@@ -202,6 +202,7 @@ ClockStanding clock_standing(const ClockModel& m, const ClockRates& rates) noexc
   s.device_ahead_ns = static_cast<double>(device_ns - host_ns);
   s.device_fast_ppm = m.device_drift_ppb(rates) / 1000.0;
   s.bound_ns = m.uncertainty_ns;
+  s.rate_implausible = std::fabs(s.device_fast_ppm) > kPlausibleDriftPpm;
   return s;
 }
 
@@ -216,9 +217,12 @@ std::string standing_text(const ClockStanding& s) {
     by = fmt::format("{:.3f} us", a / 1e3);
   else
     by = fmt::format("{:.0f} ns", a);
-  return fmt::format("device clock {} {} the host, running {:.3f} ppm {}", by,
+  return fmt::format("device clock {} {} the host, running {:.3f} ppm {}{}", by,
                      s.device_ahead_ns >= 0 ? "ahead of" : "behind", std::fabs(s.device_fast_ppm),
-                     s.device_fast_ppm >= 0 ? "fast" : "slow");
+                     s.device_fast_ppm >= 0 ? "fast" : "slow",
+                     s.rate_implausible ? " (no real clock is that far off: is the device's "
+                                          "declared clock or timer rate right?)"
+                                        : "");
 }
 
 perfq_sync_model ClockModel::to_abi() const noexcept {
@@ -422,6 +426,7 @@ void ClockSync::start_segment(const SyncObservation* first, const SyncObservatio
   window_.clear();
   inlier_.clear();
   have_pending_ = false;
+  have_pending2_ = false;
   if (first) {
     window_.push_back(*first);
     inlier_.push_back(1);
@@ -462,10 +467,88 @@ ClockSync::Verdict ClockSync::step_candidate(const SyncObservation& obs) {
       start_segment(&first, obs);
       return Verdict::kNewSegment;
     }
+    if (have_pending2_) {
+      // No one offset: one line?  The middle candidate against the line
+      // through the other two.
+      const SyncObservation& a = pending2_;
+      const SyncObservation& b = pending_;
+      const long double dxc = static_cast<long double>(time_diff(obs.device_time, a.device_time));
+      const long double dxb = static_cast<long double>(time_diff(b.device_time, a.device_time));
+      if (dxc > 0 && dxb > 0 && dxb < dxc) {
+        const long double slope = static_cast<long double>(time_diff(obs.host_ns, a.host_ns)) / dxc;
+        const long double eb =
+            static_cast<long double>(time_diff(b.host_ns, a.host_ns)) - slope * dxb;
+        const double tol = std::max({cfg_.step_min_ns / 2, cfg_.step_k * sigma_,
+                                     2 * (a.uncertainty_ns + b.uncertainty_ns + obs.uncertainty_ns)});
+        if (slope > 0 && std::fabs(static_cast<double>(eb)) <= tol) {
+          // The slope is known to within the two ends' uncertainties over
+          // their distance: that, twice, is the new segment's prior.
+          const long double sd = 2 * (a.uncertainty_ns + obs.uncertainty_ns) / dxc;
+          const SyncObservation first = a, second = b;
+          start_rate_segment(first, second, obs, slope, sd * sd);
+          return Verdict::kNewSegment;
+        }
+      }
+    }
+    pending2_ = pending_;
+    have_pending2_ = true;
   }
   pending_ = obs;
   have_pending_ = true;
   return Verdict::kStepPending;
+}
+
+void ClockSync::start_rate_segment(const SyncObservation& a, const SyncObservation& b,
+                                   const SyncObservation& c, long double slope,
+                                   long double slope_var) {
+  ++rate_breaks_;
+  auto& segs = history_.mutable_segments();
+  // A segment that never measured a rate (one observation: the first of a
+  // recording) was wrong from its start: the new one replaces it, with its
+  // observation if that lies on the new line.
+  std::vector<SyncObservation> keep;
+  uint64_t valid_from = 0;
+  bool replace = false;
+  if (window_.size() <= 1 && !segs.empty()) {
+    replace = true;
+    valid_from = segs.back().valid_from;
+    if (!window_.empty()) {
+      const SyncObservation& o = window_.front();
+      const long double dx = static_cast<long double>(time_diff(o.device_time, a.device_time));
+      const long double e = static_cast<long double>(time_diff(o.host_ns, a.host_ns)) - slope * dx;
+      const double tol = std::max({cfg_.step_min_ns / 2, 2 * (o.uncertainty_ns + a.uncertainty_ns)}) +
+                         3 * std::sqrt(static_cast<double>(slope_var)) * std::fabs(static_cast<double>(dx));
+      if (std::fabs(static_cast<double>(e)) <= tol) keep.push_back(o);
+    }
+    knots_total_ -= std::min(knots_total_, segs.back().knots.size());
+    segs.pop_back();
+  }
+  PiecewiseModel::Segment s;
+  s.id = next_segment_++;
+  s.valid_from = valid_from;
+  if (!replace && !window_.empty()) {
+    // Split between the last observation of the old segment and `a`.
+    const SyncObservation& last = window_.back();
+    const long double gap = static_cast<long double>(time_diff(a.host_ns, last.host_ns));
+    segs.back().valid_until = sat_add(last.device_time, gap / 2 / current_.ns_per_tick);
+    s.valid_from = sat_add(a.device_time, -gap / 2 / slope);
+  }
+  const long double floor_sd = 0.1e-6L * rates_.device_ns_per_tick();
+  seg_slope0_ = slope;
+  seg_var0_ = std::max(slope_var, floor_sd * floor_sd);
+  seg_id_ = s.id;
+  segs.push_back(std::move(s));
+  window_.clear();
+  inlier_.clear();
+  have_pending_ = false;
+  have_pending2_ = false;
+  keep.insert(keep.end(), {a, b, c});
+  for (const auto& o : keep) {
+    window_.push_back(o);
+    inlier_.push_back(1);
+    refit();
+    push_knot();
+  }
 }
 
 ClockSync::Verdict ClockSync::add(const SyncObservation& obs) {
@@ -478,6 +561,7 @@ ClockSync::Verdict ClockSync::add(const SyncObservation& obs) {
   }
   if (far_off(obs)) return step_candidate(obs);
   have_pending_ = false;  // a lone far-off observation was an outlier
+  have_pending2_ = false;
   window_.push_back(obs);
   inlier_.push_back(1);
   if (window_.size() > cfg_.window) {

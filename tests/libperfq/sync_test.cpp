@@ -594,6 +594,49 @@ TEST_CASE("sync: steps start segments, a single outlier does not", "[sync]") {
   CHECK(oe.p(0.99) <= 500);
 }
 
+// A device clock (or timer) far off the rate it declares: -100 000 ppm is
+// 1 ms per 10 ms round.  Each round was then far off the prediction, no two
+// agreed on one offset, and the first model stayed in place, claiming
+// +-324 ns while 250 ms off ("drift 0.000 ppm, synchronized").  Three far-off
+// rounds on one line are a rate break: a segment at that rate.
+TEST_CASE("sync: a clock far off its declared rate is followed, and said to be implausible",
+          "[sync]") {
+  const long double drift = GENERATE(-100000e-6L, -5000e-6L, 20000e-6L, 100000e-6L);
+  INFO("drift " << static_cast<double>(drift * 1e6L) << " ppm");
+  Sim sim;
+  sim.drift = drift;
+  sim.timer_drift = drift;  // one crystal, as in devsim: the timer runs off too
+  sim.base_ns = 150;
+  sim.jitter_ns = 100;
+  ClockSync sync(sim.rates());
+  std::vector<SyncRound> rounds;
+  uint32_t no = 0;
+  for (long double t = 0; t < 5e9L; t += t < 0.5e9L ? 10e6L : 100e6L)
+    rounds.push_back(sim.round_at(t, no++));
+  std::vector<ClockSync::Verdict> verdicts;
+  for (const auto& o : observe_all(rounds, sim.rates())) verdicts.push_back(sync.add(o));
+  CHECK(sync.rate_breaks() == 1);
+  CHECK(sync.history().segments().size() == 1);  // the first, rate-less one was replaced
+  CHECK(std::count(verdicts.begin(), verdicts.end(), ClockSync::Verdict::kNewSegment) == 1);
+  CHECK(!sync.contradicted());
+  const double drift_err_ppm =
+      (sync.current().device_drift_ppb(sim.rates()) - static_cast<double>(drift * 1e9L)) / 1000;
+  CHECK(std::fabs(drift_err_ppm) < 0.1);
+  const ClockStanding st = clock_standing(sync.current(), sim.rates());
+  CHECK(st.rate_implausible);
+  CHECK((st.device_fast_ppm > 0) == (drift > 0));
+  CHECK_THAT(standing_text(st), Catch::Contains("no real clock is that far off"));
+  // Records from the fourth round on, converted as the daemon does (the
+  // model valid at their time), and the whole-recording model.
+  auto on = record_errors(sim, 0.05e9L, 4.9e9L, 4000, [&](uint64_t d) { return sync.to_host(d); });
+  auto off = fit_offline_rounds(rounds, sim.rates());
+  auto offe = record_errors(sim, 0.05e9L, 4.9e9L, 4000, [&](uint64_t d) { return off.model.to_host(d); });
+  WARN("rate break at " << static_cast<double>(drift * 1e6L) << " ppm: online p99 " << on.p(0.99)
+       << " max " << on.max() << " ns; offline p99 " << offe.p(0.99) << " max " << offe.max() << " ns");
+  CHECK(on.max() < 2'000);
+  CHECK(offe.max() < 2'000);
+}
+
 TEST_CASE("sync: the recent part of the history converts recent times as the whole does",
           "[sync]") {
   Sim sim;

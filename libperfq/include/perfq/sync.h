@@ -160,9 +160,15 @@ struct ClockStanding {
   double device_ahead_ns = 0;
   double device_fast_ppm = 0;
   double bound_ns = 0;  // the model's claimed uncertainty at its reference
+  // Beyond kPlausibleDriftPpm: no real oscillator is that far off; a
+  // device clock or timer rate that is not what the device declares is.
+  bool rate_implausible = false;
 };
+constexpr double kPlausibleDriftPpm = 1000;
 ClockStanding clock_standing(const ClockModel& m, const ClockRates& rates) noexcept;
-// "device clock 2.570 s ahead of the host, running 40.001 ppm fast"
+// "device clock 2.570 s ahead of the host, running 40.001 ppm fast", and
+// for an implausible rate "... (no real clock is that far off: is the
+// device's declared clock or timer rate right?)".
 std::string standing_text(const ClockStanding& s);
 
 // host = host_ref_ns + (d - device_ref) * (1e9 + rate_ppb) / 1e9, exact in
@@ -181,6 +187,8 @@ struct SyncConfig {
   //   max(step_min_ns, step_k x robust sigma, 3 x (its uncertainty + model's))
   // from the prediction is a step candidate; a second one consistent with it
   // starts a new segment; a normal observation in between discards it.
+  // Three candidates in a row that lie on one line but not at the model's
+  // rate start a segment at that line's rate (a rate break).
   double step_min_ns = 2000;
   double step_k = 8;
   // A loose observation (kept out of the fit) witnesses a step only when it
@@ -267,6 +275,14 @@ class ClockSync {
   uint32_t segment() const { return current_.segment; }
   // Robust sigma of the current window's residuals (ns).
   double residual_sigma_ns() const { return sigma_; }
+  // Segments started because the clock's rate was not the model's (see
+  // start_rate_segment): a clock or timer rate that is not what the device
+  // declares looks exactly like this.
+  uint32_t rate_breaks() const { return rate_breaks_; }
+  // The model cannot vouch for itself now: the last observation was far
+  // off its prediction and nothing has yet explained it (a step or a rate
+  // break waiting for confirmation).
+  bool contradicted() const { return have_pending_; }
   // Conversion with the model that was current at d (piecewise history).
   uint64_t to_host(uint64_t device_time) const { return history_.to_host(device_time); }
   const PiecewiseModel& history() const { return history_; }
@@ -275,6 +291,12 @@ class ClockSync {
 
  private:
   void start_segment(const SyncObservation* first, const SyncObservation& second);
+  // Far-off observations that agree on no one offset but on one line: the
+  // clock runs at a rate the model does not know (a mis-declared clock or
+  // timer rate, a drift far beyond the prior).  A segment with that line's
+  // slope; it replaces the current one when that never measured a rate.
+  void start_rate_segment(const SyncObservation& a, const SyncObservation& b,
+                          const SyncObservation& c, long double slope, long double slope_var);
   bool far_off(const SyncObservation& obs, double at_least_ns = 0) const;
   Verdict step_candidate(const SyncObservation& obs);
   void refit();
@@ -286,6 +308,9 @@ class ClockSync {
   std::vector<uint8_t> inlier_;          // parallel to window_
   bool have_pending_ = false;
   SyncObservation pending_;
+  bool have_pending2_ = false;  // the candidate before pending_, for a rate break
+  SyncObservation pending2_;
+  uint32_t rate_breaks_ = 0;
   ClockModel current_;
   double sigma_ = 0;
   // The last fit, relative to current_.device_ref: value variance at
