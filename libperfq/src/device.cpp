@@ -66,7 +66,6 @@ size_t DeviceCollector::pass() {
       // Stamped with the time of the newest drop it reports, not of its
       // sending: drops from before a recording started (a full ring nobody
       // read) are the host's to tell from those of the recording.
-      std::atomic_thread_fence(std::memory_order_acquire);  // pairs with record_at()'s
       perfq_record lost{s.emitted(), PERFQ_EVENT_LOST, s.id(),
                         PERFQ_FLAGS(PERFQ_KIND_LOST, PERFQ_CLOCK_DEVICE), s.last_drop_time(),
                         dropped - d.lost_reported};

@@ -49,10 +49,8 @@ class DeviceStream {
     const perfq_record r{index, event, stream_, PERFQ_FLAGS(kind, PERFQ_CLOCK_DEVICE), time, arg};
     if (producer_.try_push(r)) return true;
     // The drop's time first: the collector that sees the count sees a drop
-    // time at least this one (the fence pairs with the one in
-    // DeviceCollector after it reads dropped()).
+    // time at least this one (count_lost() releases, dropped() acquires).
     last_drop_time_.store(time, std::memory_order_relaxed);
-    std::atomic_thread_fence(std::memory_order_release);
     ring_.memory().count_lost();
     return false;
   }
@@ -62,8 +60,8 @@ class DeviceStream {
   uint64_t emitted() const noexcept { return emitted_.load(std::memory_order_relaxed); }
   // Records the worker dropped because its queue was full, so far.
   uint64_t dropped() const noexcept { return ring_.memory().lost(); }
-  // Device time of the newest record dropped so far (read after dropped(),
-  // behind an acquire fence: at least that of the drop it counted last).
+  // Device time of the newest record dropped so far (read after dropped():
+  // at least that of the drop it counted last).
   uint64_t last_drop_time() const noexcept { return last_drop_time_.load(std::memory_order_relaxed); }
 
  private:

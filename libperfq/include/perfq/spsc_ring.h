@@ -86,11 +86,13 @@ class SpscRingMemory {
     return SpscConsumer<T>(slots(), capacity_, {&h_->tail, &h_->head, nullptr});
   }
 
-  // Losses are counted by the producer side only.
+  // Losses are counted by the producer side only.  Release: what the
+  // producer stored about a drop before counting it (DeviceStream's drop
+  // time) is seen by a reader of the count (the acquire in lost()).
   void count_lost(uint64_t n = 1) const noexcept {
-    store_relaxed(&h_->lost, load_relaxed(&h_->lost) + n);
+    store_release(&h_->lost, load_relaxed(&h_->lost) + n);
   }
-  uint64_t lost() const noexcept { return load_relaxed(&h_->lost); }
+  uint64_t lost() const noexcept { return load_acquire(&h_->lost); }
 
  private:
   explicit SpscRingMemory(perfq_spsc_header* h) : h_(h), capacity_(h->capacity) {}
