@@ -22,7 +22,6 @@ using nlohmann::json;
 
 namespace {
 
-int64_t now_ns() { return static_cast<int64_t>(monotonic_ns()); }
 
 json error(const std::string& msg) { return {{"ok", false}, {"error", msg}}; }
 

@@ -11,7 +11,6 @@ using perfq::TraceRecord;
 
 namespace {
 bool earlier(const TraceRecord& a, const TraceRecord& b) { return a.time_ns < b.time_ns; }
-int64_t now_ns() { return static_cast<int64_t>(perfq::monotonic_ns()); }
 }  // namespace
 
 Merger::Merger(MergeOptions opts) : opts_(opts) {}

@@ -41,9 +41,13 @@
 #include <utility>
 #include <vector>
 
+#include "perfq/device_clock.h"
 #include "perfq/trace.h"
 
 namespace perfqd {
+
+// The daemon's clock: host CLOCK_MONOTONIC in the merge's signed ns.
+inline int64_t now_ns() { return static_cast<int64_t>(perfq::monotonic_ns()); }
 
 struct MergeOptions {
   int64_t max_delay_ns = 2'000'000'000;       // watermark never lags more

@@ -30,7 +30,6 @@ using nlohmann::json;
 
 namespace {
 
-int64_t now_ns() { return static_cast<int64_t>(monotonic_ns()); }
 
 // Device records waiting for a first clock model are held, up to this many;
 // beyond it they are counted as lost (the device cannot be synchronized).

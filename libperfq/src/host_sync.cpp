@@ -11,21 +11,10 @@
 
 #include "perfq/device_clock.h"
 #include "perfq/sync_buffer.h"
+#include "os_wait.h"
 
 namespace perfq {
 namespace {
-
-inline void cpu_relax() {
-#if defined(__x86_64__) || defined(__i386__)
-  __builtin_ia32_pause();
-#endif
-}
-
-// A shared futex wait (the word may be mapped by another process), bounded.
-void futex_wait_ms(uint32_t* word, uint32_t expected, long ms) {
-  timespec ts{ms / 1000, (ms % 1000) * 1'000'000};
-  syscall(SYS_futex, word, FUTEX_WAIT, expected, &ts, nullptr, 0);
-}
 
 uint64_t thread_cpu_ns() {
   timespec ts;
@@ -94,7 +83,7 @@ Result<RoundResult> HostSync::round() {
       return Status(Errc::kTimeout, device_.spec() + ": the device did not publish its samples "
                                     "of sync round " + std::to_string(r) + " within " +
                                     std::to_string(opts_.device_timeout.count()) + " ms");
-    if (now - t0 > opts_.batch_spin_ns) futex_wait_ms(round_word, seen, 1);
+    if (now - t0 > opts_.batch_spin_ns) futex_wait(round_word, seen, std::chrono::milliseconds(1));
   }
 
   auto obs = make_observation(*host, dev->samples, rates_, opts_.selection, r);

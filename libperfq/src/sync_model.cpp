@@ -8,6 +8,7 @@
 #include <fmt/format.h>
 
 #include "perfq/sync.h"
+#include "median.h"
 #include "perfq/sync_buffer.h"
 
 namespace perfq {
@@ -39,15 +40,6 @@ uint64_t sat_add(uint64_t base, long double delta) noexcept {
   return static_cast<uint64_t>(r);
 }
 
-long double median_of(std::vector<long double>& v) {
-  if (v.empty()) return 0;
-  const size_t m = v.size() / 2;
-  std::nth_element(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(m), v.end());
-  long double hi = v[m];
-  if (v.size() % 2 == 1) return hi;
-  long double lo = *std::max_element(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(m));
-  return (lo + hi) / 2;
-}
 
 // ---- The robust weighted fit ----------------------------------------------------------
 //
@@ -111,9 +103,9 @@ FitOut robust_fit(const std::vector<Pt>& p, std::vector<uint8_t>& in, long doubl
         tmp.push_back(r[i]);
       }
     }
-    const long double med = median_of(tmp);
+    const long double med = median_in_place(tmp);
     for (auto& v : tmp) v = std::fabs(v - med);
-    const long double mad = 1.4826L * median_of(tmp);
+    const long double mad = 1.4826L * median_in_place(tmp);
     f.sigma = std::max(static_cast<double>(mad), cfg.sigma_floor_ns);
     const long double scale2 = m > 2 ? std::max<long double>(1, chi2 / static_cast<long double>(m - 2)) : 1;
     f.var_ybar = scale2 / W;

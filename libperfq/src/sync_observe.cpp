@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "perfq/sync.h"
+#include "median.h"
 
 namespace perfq {
 namespace {
@@ -35,14 +36,6 @@ struct Picked {
   size_t used = 0;
 };
 
-long double median_of(std::vector<long double> v) {
-  const size_t m = v.size() / 2;
-  std::nth_element(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(m), v.end());
-  long double hi = v[m];
-  if (v.size() % 2 == 1) return hi;
-  long double lo = *std::max_element(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(m));
-  return (lo + hi) / 2;
-}
 
 // Shifted-value vote among the tight candidates of one side (c sorted by
 // delay): clears ok[i] for a sample whose implied value is too far from the
@@ -61,16 +54,16 @@ long double vote(const std::vector<Cand>& c, const SelectionConfig& sel, std::ve
   std::vector<long double> v;
   v.reserve(ntight);
   for (size_t i = 0; i < ntight; ++i) v.push_back(c[i].implied);
-  const long double med = median_of(v);
+  const long double med = median_in_place(v);
   long double med_at = 0;
   {
     std::vector<long double> t;
     t.reserve(ntight);
     for (size_t i = 0; i < ntight; ++i) t.push_back(c[i].at_ns);
-    med_at = median_of(t);
+    med_at = median_in_place(t);
   }
   for (auto& x : v) x = std::fabs(x - med);
-  const long double spread = 1.4826L * median_of(v);
+  const long double spread = 1.4826L * median_in_place(v);
   for (size_t i = 0; i < c.size(); ++i) {
     const long double tol =
         std::max<long double>(sel.outlier_k * spread,

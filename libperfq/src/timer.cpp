@@ -15,24 +15,10 @@
 
 #include "perfq/ring.h"
 #include "perfq/sync_buffer.h"
+#include "os_wait.h"
 
 namespace perfq {
 namespace {
-
-// Shared (not private) futex ops: the word may be mapped by several processes.
-void futex_wait(uint32_t* word, uint32_t expected, std::chrono::milliseconds timeout) {
-  timespec ts{static_cast<time_t>(timeout.count() / 1000),
-              static_cast<long>((timeout.count() % 1000) * 1'000'000)};
-  syscall(SYS_futex, word, FUTEX_WAIT, expected, &ts, nullptr, 0);
-}
-
-void futex_wake_all(uint32_t* word) { syscall(SYS_futex, word, FUTEX_WAKE, INT_MAX, nullptr, nullptr, 0); }
-
-inline void cpu_relax() {
-#if defined(__x86_64__) || defined(__i386__)
-  __builtin_ia32_pause();
-#endif
-}
 
 }  // namespace
 
