@@ -310,7 +310,23 @@ class DeviceRecorder {
   // settled() enough that extrapolating costs next to nothing.  The newest
   // fit of the time's own segment is used; times before the last clock
   // step use the history.
-  bool convert(const perfq_record& r, const ModelSnapshot* m, bool force, TraceRecord* out) const {
+  //
+  // `epoch`: how many times the record's stream saw the device clock go
+  // back (epoch_of()).  A backward step makes device times repeat; a
+  // record of epoch e converts only with the segments that began after
+  // the step that opened e and before the next one, so a time after the
+  // step waits for the model to confirm the step (its new segment) instead
+  // of passing as covered by the old segment, seconds early.
+  //
+  // `read_ns`: a host time after the record was read.  It happened before
+  // then; an extrapolation that puts it later (beyond what the model
+  // claims) extrapolates across a forward clock step the model has not
+  // seen yet, and waits for a round after it instead.
+  //
+  // `extrapolate`: false when the model does not hold at the device's own
+  // latest time (device_now_holds()): beyond the last round, records wait.
+  bool convert(const perfq_record& r, uint32_t epoch, const ModelSnapshot* m, bool force,
+               int64_t read_ns, bool extrapolate, TraceRecord* out) const {
     out->source = source_;
     out->rec = r;
     if (!device_domain(r)) {
@@ -319,14 +335,105 @@ class DeviceRecorder {
       return true;
     }
     if (!m) return false;
-    if (!force && (m->rounds < kMinModelRounds ||
-                   (time_diff(m->covered_device, r.time) < 0 && !settled(*m, r.time))))
-      return false;
+    if (!force && m->rounds < kMinModelRounds) return false;
     const PiecewiseModel& h = m->history;
-    const int seg = h.segment_for(r.time);
-    const bool current = seg >= 0 && static_cast<size_t>(seg) + 1 == h.segments().size();
-    out->time_ns = static_cast<int64_t>(current ? m->current.to_host(r.time) : h.to_host(r.time));
+    const uint32_t lo = epoch < epoch_floor_.size() ? epoch_floor_[epoch] : 0;
+    const uint32_t hi = epoch + 1 < epoch_floor_.size() && epoch_floor_[epoch + 1] > 0
+                            ? epoch_floor_[epoch + 1] - 1
+                            : UINT32_MAX;
+    // A stream's times run forward: not before its previous record (less a
+    // microsecond of model noise).
+    const auto sc = stream_clock_.find(r.stream);
+    const int64_t not_before =
+        sc != stream_clock_.end() && sc->second.last_host != INT64_MIN ? sc->second.last_host - 1000
+                                                                        : INT64_MIN;
+    // Where segments overlap (around a step) the record's is the newest
+    // that puts it neither before its stream's previous record nor after
+    // the moment it was read; failing that, not after it was read.
+    int seg = h.segment_for(r.time, lo, hi);
+    if (seg >= 0) {
+      const auto& segs = h.segments();
+      int both = -1, unread = -1;
+      for (int i = static_cast<int>(segs.size()) - 1; i >= 0 && both < 0; --i) {
+        const auto& sg = segs[static_cast<size_t>(i)];
+        if (sg.knots.empty() || sg.id < lo || sg.id > hi || r.time < sg.valid_from ||
+            r.time > sg.valid_until)
+          continue;
+        const auto t = static_cast<int64_t>(h.to_host(r.time, sg.id));
+        const bool read_after = read_ns == INT64_MAX || t <= read_ns + 20'000;
+        if (read_after && unread < 0) unread = i;
+        if (read_after && t >= not_before) both = i;
+      }
+      if (both >= 0)
+        seg = both;
+      else if (unread >= 0)
+        seg = unread;
+    }
+    if (seg < 0) {
+      // The step that opened this epoch has no segment yet.  Forced (the
+      // wait is over: a step too small for the model to see), the newest.
+      if (!force) return false;
+      seg = h.segment_for(r.time);
+      if (seg < 0) return false;
+    }
+    const bool current = static_cast<size_t>(seg) + 1 == h.segments().size();
+    const bool beyond = current && time_diff(m->covered_device, r.time) < 0;
+    if (beyond && !force && (!extrapolate || !settled(*m, r.time))) return false;
+    out->time_ns = static_cast<int64_t>(
+        current ? m->current.to_host(r.time)
+                : h.to_host(r.time, h.segments()[static_cast<size_t>(seg)].id));
+    if (beyond && !force) {
+      const ClockModel& c = m->current;
+      const double dx_ns = std::fabs(static_cast<double>(time_diff(r.time, c.device_ref)) *
+                                     static_cast<double>(c.ns_per_tick));
+      const double claim = c.uncertainty_ns + 3 * c.rate_sigma_ppb * 1e-9 * dx_ns + 1000;
+      if (static_cast<double>(out->time_ns - read_ns) > claim) return false;
+    }
     return true;
+  }
+
+  // Whether the model holds at the device's own latest time
+  // (PERFQ_FEAT_DEVICE_NOW; true without it): D then converts to no later
+  // than the host time after it was posted, within the model's claim.  A
+  // forward clock step fails this at once, while the records after it may
+  // be read later than the step's size after they were stamped.
+  bool device_now_holds(const ModelSnapshot* m) const {
+    const Region& region = dev_->region();
+    if (!m || !(region.header().features & PERFQ_FEAT_DEVICE_NOW)) return true;
+    const uint64_t d = load_relaxed(&region.host_ctrl()->device_now);
+    const int64_t read_ns = now_ns();  // after d was posted
+    if (d == 0) return true;
+    const ClockModel& c = m->current;
+    const double dx_ns = std::fabs(static_cast<double>(time_diff(d, c.device_ref)) *
+                                   static_cast<double>(c.ns_per_tick));
+    const double claim = c.uncertainty_ns + 3 * c.rate_sigma_ppb * 1e-9 * dx_ns + 1000;
+    return static_cast<double>(time_diff(c.to_host(d), static_cast<uint64_t>(read_ns))) <= claim;
+  }
+
+  // The stream's epoch for r (see convert()): a device-clock record more
+  // than kBackStepNs earlier than its stream's newest opens the next
+  // epoch.  LOST records carry the time of their newest drop, which may
+  // precede records still queued: they neither open nor move an epoch.
+  uint32_t epoch_of(const perfq_record& r, const ModelSnapshot* m) {
+    StreamClock& sc = stream_clock_[r.stream];
+    if (!device_domain(r) || PERFQ_FLAGS_KIND(r.flags) == PERFQ_KIND_LOST) return sc.epoch;
+    const auto back = static_cast<int64_t>(kBackStepNs * static_cast<double>(dev_->region().header().device_clock_hz) / 1e9) + 1;
+    if (sc.seen && time_diff(r.time, sc.last) < -back) {
+      const int64_t jump = time_diff(sc.last, r.time);
+      ++sc.epoch;
+      sc.last = r.time;
+      if (epoch_floor_.size() <= sc.epoch) {
+        // Segments from the next one on are this epoch's.
+        epoch_floor_.push_back(m && !m->history.empty() ? m->history.segments().back().id + 1 : 0);
+        spdlog::info("{}: the device clock went back {} ticks (stream {}): its times after "
+                     "that wait for the model to see the step",
+                     dev_->spec(), jump, r.stream);
+      }
+    } else if (!sc.seen || time_diff(r.time, sc.last) > 0) {
+      sc.last = r.time;
+    }
+    sc.seen = true;
+    return sc.epoch;
   }
 
   // Whether the current model may convert a device time beyond its newest
@@ -370,6 +477,7 @@ class DeviceRecorder {
       ++writer_waits_;
     }
     auto n = room ? drain.poll(batch, std::min(kDrainBatch, room)) : Result<size_t>(size_t{0});
+    const int64_t read_ns = now_ns();  // everything in batch (and held_) was read before
     if (dev_->gone()) {
       // The mapping was revoked under us: what this poll read is not data.
       set_state("gone", dev_->spec() + ": the device is gone (removed or reset); the trace "
@@ -381,6 +489,7 @@ class DeviceRecorder {
       return -1;
     }
     auto model = this->model();
+    const bool extrapolate = device_now_holds(model.get());
     const int64_t hold_limit =
         static_cast<int64_t>(kMinModelRounds + 3) * opts_.sync_interval_ms * 1'000'000 +
         200'000'000;
@@ -393,8 +502,10 @@ class DeviceRecorder {
       const bool force = t0 - held_since_ > hold_limit;
       while (!held_.empty()) {
         TraceRecord tr;
-        if (!convert(held_.front(), model.get(), force, &tr)) break;
+        if (!convert(held_.front().rec, held_.front().epoch, model.get(), force, read_ns, extrapolate, &tr))
+          break;
         take(drain, tr, out);
+        --stream_clock_[held_.front().rec.stream].held;
         held_.pop_front();
         // Pass a long release on in batches (no bound yet: held_ is older).
         if (out.size() >= kDrainBatch) rec_.merger().push(input_, out, INT64_MIN);
@@ -407,10 +518,14 @@ class DeviceRecorder {
     frontier_.clear();
     for (const auto& r : batch) {
       TraceRecord tr;
-      if (convert(r, model.get(), false, &tr)) {
+      const uint32_t epoch = epoch_of(r, model.get());
+      // In stream order: behind a held record of its stream, a record waits.
+      const bool behind = stream_clock_[r.stream].held > 0;
+      if (!behind && convert(r, epoch, model.get(), false, read_ns, extrapolate, &tr)) {
         if (take(drain, tr, out)) frontier_.note(r.stream, tr.time_ns);
       } else if (held_.size() + newly_held_.size() < cap) {
-        newly_held_.push_back(r);
+        newly_held_.push_back({r, epoch});
+        ++stream_clock_[r.stream].held;
       } else {
         ++dropped;
       }
@@ -440,7 +555,7 @@ class DeviceRecorder {
     int64_t bound = caught_up ? t0 - opts_.device_grace_ns : INT64_MIN;
     if (!caught_up) bound = frontier_.bound(t0, opts_.device_grace_ns);
     if (!held_.empty())
-      bound = model ? std::min(bound, static_cast<int64_t>(model->history.to_host(held_.front().time)) -
+      bound = model ? std::min(bound, static_cast<int64_t>(model->history.to_host(held_.front().rec.time)) -
                                           opts_.device_grace_ns)
                     : INT64_MIN;
     rec_.merger().push(input_, out, bound);  // also says this input is alive
@@ -451,6 +566,10 @@ class DeviceRecorder {
   // accounting) if it happened after the recording started; one from before
   // (stamped before the start, delivered after it) is counted and dropped.
   bool take(DeviceDrain& drain, const TraceRecord& tr, std::vector<TraceRecord>& out) {
+    if (device_domain(tr.rec) && PERFQ_FLAGS_KIND(tr.rec.flags) != PERFQ_KIND_LOST) {
+      int64_t& last = stream_clock_[tr.rec.stream].last_host;
+      last = std::max(last, tr.time_ns);
+    }
     if (tr.time_ns < rec_.start_ns()) {
       ++before_start_;
       return false;
@@ -463,8 +582,8 @@ class DeviceRecorder {
   // Adds newly_held_ to held_, keeping held_ in device time order (each
   // stream's records come in order; the streams overlap by a batch or so).
   void hold(int64_t t0) {
-    auto earlier = [](const perfq_record& a, const perfq_record& b) {
-      return time_diff(a.time, b.time) < 0;
+    auto earlier = [](const Held& a, const Held& b) {
+      return a.epoch != b.epoch ? a.epoch < b.epoch : time_diff(a.rec.time, b.rec.time) < 0;
     };
     std::stable_sort(newly_held_.begin(), newly_held_.end(), earlier);
     if (held_.empty()) held_since_ = t0;
@@ -537,17 +656,23 @@ class DeviceRecorder {
     // then convert what is left with the newest model.
     if (!held_.empty() && !dev_->gone()) wait_for_cover();
     if (auto model = this->model(); model && !held_.empty()) {
-      for (const auto& r : held_) {
+      std::deque<Held> left;
+      for (const auto& h : held_) {
         TraceRecord tr;
-        if (convert(r, model.get(), true, &tr)) take(drain, tr, out);
+        if (convert(h.rec, h.epoch, model.get(), true, INT64_MAX, false, &tr)) {
+          take(drain, tr, out);
+          --stream_clock_[h.rec.stream].held;
+        } else {
+          left.push_back(h);
+        }
       }
-      held_.clear();
+      held_.swap(left);
       rec_.merger().push(input_, out, INT64_MIN);
     }
     if (!held_.empty()) {
       std::lock_guard lock(mu_);
       error_ = std::to_string(held_.size()) +
-               " device records could not be converted (no clock model: " +
+               " device records could not be converted (no clock model for their time: " +
                (last_sync_error_.empty() ? "too few sync rounds" : last_sync_error_) +
                "); they are not in the trace";
       lost_ += held_.size();
@@ -572,7 +697,7 @@ class DeviceRecorder {
   // Runs rounds of its own (the sync thread has stopped) until one covers
   // every held record, for at most about a second.
   void wait_for_cover() {
-    const uint64_t newest = held_.back().time;  // held_ is in time order
+    const uint64_t newest = held_.back().rec.time;  // held_ is in (epoch, time) order
     // The sync thread's HostSync, once that thread is done with it.
     for (int i = 0; i < 400 && !sync_done_; ++i)
       std::this_thread::sleep_for(std::chrono::milliseconds(5));
@@ -613,9 +738,25 @@ class DeviceRecorder {
   mutable std::mutex model_mu_;
   std::shared_ptr<const ModelSnapshot> model_;
 
-  std::deque<perfq_record> held_;  // drain thread: waiting for a model, in device time order
+  struct Held {
+    perfq_record rec;
+    uint32_t epoch;  // epoch_of() when it was read
+  };
+  std::deque<Held> held_;  // drain thread: waiting for a model, in (epoch, device time) order
   bool draining_out_ = false;       // drain thread: stopping, held_ is not capped
-  std::vector<perfq_record> newly_held_, overlap_;  // drain thread: hold()'s scratch
+  std::vector<Held> newly_held_, overlap_;  // drain thread: hold()'s scratch
+  // A step back smaller than this is jitter of the device's clock reads, not a step.
+  static constexpr double kBackStepNs = 2000;
+  struct StreamClock {
+    uint64_t last = 0;  // newest device time of the stream
+    uint32_t epoch = 0;
+    bool seen = false;
+    int64_t last_host = INT64_MIN;  // host time of its newest converted record
+    size_t held = 0;                // its records in held_: later ones wait behind them
+  };
+  std::map<uint16_t, StreamClock> stream_clock_;  // drain thread
+  // Per epoch, the lowest segment id its records may use (epoch 0: 0).
+  std::vector<uint32_t> epoch_floor_{0};  // drain thread
   StreamFrontier frontier_;  // drain thread: each stream's newest converted time in a poll
   std::shared_ptr<const ModelSnapshot> held_model_;
   int64_t held_since_ = 0;

@@ -25,7 +25,8 @@ DeviceCollector::DeviceCollector(const Region& region, std::vector<DeviceStream*
       opts_(opts),
       producer_(region.device_producer()),
       delivery_(streams_.size()),
-      mode_b_(ClockRates{region.header().device_clock_hz, region.header().timer_hz}) {}
+      mode_b_(ClockRates{region.header().device_clock_hz, region.header().timer_hz}),
+      device_now_((region.header().features & PERFQ_FEAT_DEVICE_NOW) != 0) {}
 
 void DeviceCollector::poll_mailbox() {
   const perfq_sync_page* page = region_.sync();
@@ -83,6 +84,9 @@ size_t DeviceCollector::pass() {
     for (size_t k = 0; k < n; ++k) dst[k] = src[k];
     if (converting_)
       for (size_t k = 0; k < n; ++k) (void)mode_b_.convert_record(&dst[k]);
+    // D after every record it publishes was stamped: posted before the tail
+    // (whose release store orders it for the host's acquire of the tail).
+    if (device_now_) store_relaxed(&region_.host_ctrl()->device_now, clock_.now());
     producer_.commit(n);
     s.consumer_.release(n);
     d.delivered += n;

@@ -196,7 +196,12 @@ class Analyzer : public TraceVisitor {
       int64_t t = in.time_ns;
       if (resync_ && in.domain() == PERFQ_CLOCK_DEVICE) {
         auto it = resync_->find(in.source);
-        if (it != resync_->end()) t = static_cast<int64_t>(it->second.piecewise->to_host(in.rec.time));
+        // Where a backward clock step made device times repeat, the
+        // segment is the one that puts the record nearest its recorded
+        // time (seconds apart against microseconds of model error).
+        if (it != resync_->end())
+          t = static_cast<int64_t>(
+              it->second.piecewise->to_host_near(in.rec.time, static_cast<uint64_t>(in.time_ns)));
       }
       record(in, t);
     }

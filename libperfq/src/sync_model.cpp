@@ -273,6 +273,55 @@ int PiecewiseModel::segment_for(uint64_t d) const {
   return best;
 }
 
+int PiecewiseModel::segment_for(uint64_t d, uint32_t min_id, uint32_t max_id) const {
+  int best = -1;
+  uint64_t best_dist = UINT64_MAX;
+  for (int i = static_cast<int>(segments_.size()) - 1; i >= 0; --i) {
+    const Segment& s = segments_[static_cast<size_t>(i)];
+    if (s.knots.empty() || s.id < min_id || s.id > max_id) continue;
+    if (d >= s.valid_from && d <= s.valid_until) return i;
+    const uint64_t dist = d < s.valid_from ? s.valid_from - d : d - s.valid_until;
+    if (dist < best_dist) {
+      best_dist = dist;
+      best = i;
+    }
+  }
+  return best;
+}
+
+int PiecewiseModel::segment_for(uint64_t d, uint32_t min_id, uint32_t max_id,
+                                int64_t not_before) const {
+  const int nearest = segment_for(d, min_id, max_id);
+  if (nearest < 0) return -1;
+  const Segment& n = segments_[static_cast<size_t>(nearest)];
+  if (d < n.valid_from || d > n.valid_until) return nearest;  // no range holds d
+  if (static_cast<int64_t>(convert(n, d)) >= not_before) return nearest;
+  for (int i = nearest - 1; i >= 0; --i) {
+    const Segment& s = segments_[static_cast<size_t>(i)];
+    if (s.knots.empty() || s.id < min_id || s.id > max_id) continue;
+    if (d < s.valid_from || d > s.valid_until) continue;
+    if (static_cast<int64_t>(convert(s, d)) >= not_before) return i;
+  }
+  return nearest;
+}
+
+uint64_t PiecewiseModel::to_host_near(uint64_t d, uint64_t hint) const {
+  const Segment* best = nullptr;
+  uint64_t best_h = 0, best_dist = UINT64_MAX;
+  for (const auto& s : segments_) {
+    if (s.knots.empty() || d < s.valid_from || d > s.valid_until) continue;
+    const uint64_t h = convert(s, d);
+    const int64_t e = time_diff(h, hint);
+    const uint64_t dist = e < 0 ? static_cast<uint64_t>(-(e + 1)) + 1 : static_cast<uint64_t>(e);
+    if (dist < best_dist) {
+      best_dist = dist;
+      best_h = h;
+      best = &s;
+    }
+  }
+  return best ? best_h : to_host(d);
+}
+
 uint64_t PiecewiseModel::convert(const Segment& s, uint64_t d) const {
   const auto& k = s.knots;
   // Knots are in device-time order inside a segment.

@@ -996,6 +996,60 @@ TEST_CASE("daemon: every figure states the device clock as devsim set it, and a 
   CHECK(ticks);
 }
 
+// A device clock that steps back during a recording: every device time
+// must land where it happened (devsim --truth stores the true host time in
+// each tick's arg).  Before, the repeated device times after the step
+// passed as covered by the old segment: the step's size off (2 734 records
+// at -1 s).  (A forward step is not asserted here: records read later than
+// the step's size after they were stamped can still take the segment
+// before it; see the stop's note.)
+TEST_CASE("daemon: device times after a backward clock step land where they happened",
+          "[daemon][process][sync]") {
+  const std::string step = GENERATE("-50000000", "-1000000000");
+  INFO("step " << step << " ns");
+  TempDir dir("daemon-step");
+  TempShm shm("daemon-step");
+  const std::string trace = dir.file("step.trace");
+  Child dev({kBin + "/perfq-devsim", "--region", shm.path(), "--create", "--truth", "--workers",
+             "2", "--rate", "20000", "--job-workers", "0", "--clock-offset-ns", "-123456789",
+             "--clock-drift-ppm", "35", "--clock-step-at", "2", "--clock-step-ns", step,
+             "--duration", std::to_string(4 * kSlow), "--wait-host"});
+  REQUIRE(dev.started());
+  REQUIRE(wait_for([&] { return dev.err().find("running on") != std::string::npos; },
+                   std::chrono::seconds(static_cast<int>(10 * kSlow))));
+  Daemon d(dir);
+  REQUIRE(ctl(d, {"start", "-o", trace, "--device", "shm:" + shm.path()})->exit_code() == 0);
+  REQUIRE(dev.wait(std::chrono::seconds(static_cast<int>(60 * kSlow))));
+  auto stop = ctl(d, {"stop", "--json"});
+  INFO("stop: " << stop->out() << "\ndaemon: " << d.proc->err());
+  REQUIRE(stop->exit_code() == 0);
+  bool clean = false;
+  TraceContent t = read_trace(trace, &clean);
+  REQUIRE(clean);
+  double worst_claim = 0;
+  for (const auto& m : t.model_list) worst_claim = std::max(worst_claim, static_cast<double>(m.model.uncertainty_ns));
+  // What every record must meet: the worst the models claimed, with room
+  // for a busy machine, and far below the step.
+  const double bound = std::max(20'000.0, 3 * worst_claim);
+  uint64_t ticks = 0, beyond = 0;
+  double worst = 0;
+  int64_t worst_truth = 0;
+  for (const auto& r : t.records) {
+    if (r.source == 0 || t.event_name(r) != "tick") continue;
+    ++ticks;
+    const double e = std::fabs(static_cast<double>(r.time_ns - static_cast<int64_t>(r.rec.arg)));
+    if (e > worst) {
+      worst = e;
+      worst_truth = static_cast<int64_t>(r.rec.arg);
+    }
+    if (e > bound) ++beyond;
+  }
+  INFO("ticks " << ticks << ", worst error " << worst << " ns at true time " << worst_truth
+                << ", bound " << bound << " ns, segments in models: " << t.model_list.size());
+  CHECK(ticks > 40000);
+  CHECK(beyond == 0);
+}
+
 // One region, one consumer: a second daemon, a start naming the device
 // twice, or perfqctl record beside a recording are refused, naming the
 // holder; the claim dies with its holder, however it dies.

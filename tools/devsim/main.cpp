@@ -155,7 +155,7 @@ int run(const Options& o) {
     g.ring_capacity = o.ring_records;
     g.device_name = o.name;
     g.timer_hz = o.timer_hz;
-    g.features = PERFQ_FEAT_TIMER_REQRESP | PERFQ_FEAT_JOB_QUEUE;
+    g.features = PERFQ_FEAT_TIMER_REQRESP | PERFQ_FEAT_JOB_QUEUE | PERFQ_FEAT_DEVICE_NOW;
     g.min_region_size = o.region_size;
     region = Region::create(o.region, g);
   } else {

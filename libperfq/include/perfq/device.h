@@ -129,6 +129,7 @@ class DeviceCollector {
   std::vector<StreamDelivery> delivery_;
   uint64_t heartbeat_ = 0;
   DeviceClockSync mode_b_;
+  bool device_now_ = false;  // the region declares PERFQ_FEAT_DEVICE_NOW
   bool converting_ = false;
   uint32_t mailbox_round_ = 0;
   uint64_t next_mailbox_poll_ = 0;

@@ -105,7 +105,9 @@ extern "C" {
 #define PERFQ_FEAT_TIMER_REQRESP (1ULL << 0) /* timer read is a request/response exchange */
 #define PERFQ_FEAT_SYNC_MODE_B (1ULL << 1)   /* device can convert times itself (mode B) */
 #define PERFQ_FEAT_JOB_QUEUE (1ULL << 2)     /* application area holds the job queue */
-#define PERFQ_FEAT_ALL (PERFQ_FEAT_TIMER_REQRESP | PERFQ_FEAT_SYNC_MODE_B | PERFQ_FEAT_JOB_QUEUE)
+#define PERFQ_FEAT_DEVICE_NOW (1ULL << 3)    /* the collector posts host_ctrl.device_now */
+#define PERFQ_FEAT_ALL \
+	(PERFQ_FEAT_TIMER_REQRESP | PERFQ_FEAT_SYNC_MODE_B | PERFQ_FEAT_JOB_QUEUE | PERFQ_FEAT_DEVICE_NOW)
 
 /* Bounds a reader enforces on the geometry. */
 #define PERFQ_RING_CAPACITY_MIN 2ULL
@@ -217,7 +219,12 @@ struct perfq_host_ctrl {
 	perfq_u32 device_state; /* enum perfq_device_state, posted by the device */
 	perfq_u32 reserved0;
 	perfq_u64 heartbeat; /* bumped by the device collector on every pass */
-	perfq_u64 reserved[6];
+	/* With PERFQ_FEAT_DEVICE_NOW: the device clock D, read by the collector
+	 * before each tail it posts, so that no record the host reads is stamped
+	 * later.  The host checks its clock model against it (a forward clock
+	 * step shows here at once, in records only a round later). */
+	perfq_u64 device_now;
+	perfq_u64 reserved[5];
 };
 
 /* ------------------------------------------------------------------ */
@@ -449,6 +456,7 @@ PERFQ_CHECK_OFFSET(perfq_host_ctrl, tail_mirror, 0);
 PERFQ_CHECK_OFFSET(perfq_host_ctrl, head, 64);
 PERFQ_CHECK_OFFSET(perfq_host_ctrl, device_state, 128);
 PERFQ_CHECK_OFFSET(perfq_host_ctrl, heartbeat, 136);
+PERFQ_CHECK_OFFSET(perfq_host_ctrl, device_now, 144);
 
 PERFQ_CHECK_SIZE(perfq_timer_page, 256);
 PERFQ_CHECK_OFFSET(perfq_timer_page, value, 0);

@@ -224,6 +224,21 @@ class PiecewiseModel {
   // made the clock repeat itself are ambiguous: the newest segment wins
   // (use the explicit-segment overload when the caller knows better).
   int segment_for(uint64_t device_time) const;
+  // The same among the segments whose id is in [min_id, max_id] (-1 when
+  // none is): a caller that knows which steps lie before a time (a
+  // stream whose times went back) tells a repeated time apart.
+  int segment_for(uint64_t device_time, uint32_t min_id, uint32_t max_id) const;
+  // The same, and where ranges overlap (the interval around a step, where
+  // only the rounds on both sides are known) the newest segment that does
+  // not put d before `not_before` (the host time of an earlier record of
+  // the same device stream, whose times run forward): a record before a
+  // forward step is not moved back by the step's size.  -1 when none holds d.
+  int segment_for(uint64_t device_time, uint32_t min_id, uint32_t max_id,
+                  int64_t not_before) const;
+  // Host time of d in the segment, among those whose range holds d, that
+  // puts it nearest `host_hint` (a time the caller knows to be close: the
+  // online conversion, for an offline re-conversion), else as to_host(d).
+  uint64_t to_host_near(uint64_t device_time, uint64_t host_hint) const;
   // Host time of d (0 when empty).
   uint64_t to_host(uint64_t device_time) const;
   uint64_t to_host(uint64_t device_time, uint32_t segment) const;
