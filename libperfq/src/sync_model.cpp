@@ -257,21 +257,7 @@ uint64_t apply_abi_model(const perfq_sync_model& m, uint64_t device_time) noexce
 
 // ---- PiecewiseModel ---------------------------------------------------------------------
 
-int PiecewiseModel::segment_for(uint64_t d) const {
-  int best = -1;
-  uint64_t best_dist = UINT64_MAX;
-  for (int i = static_cast<int>(segments_.size()) - 1; i >= 0; --i) {
-    const Segment& s = segments_[static_cast<size_t>(i)];
-    if (s.knots.empty()) continue;
-    if (d >= s.valid_from && d <= s.valid_until) return i;
-    const uint64_t dist = d < s.valid_from ? s.valid_from - d : d - s.valid_until;
-    if (dist < best_dist) {
-      best_dist = dist;
-      best = i;
-    }
-  }
-  return best;
-}
+int PiecewiseModel::segment_for(uint64_t d) const { return segment_for(d, 0, UINT32_MAX); }
 
 int PiecewiseModel::segment_for(uint64_t d, uint32_t min_id, uint32_t max_id) const {
   int best = -1;
@@ -287,22 +273,6 @@ int PiecewiseModel::segment_for(uint64_t d, uint32_t min_id, uint32_t max_id) co
     }
   }
   return best;
-}
-
-int PiecewiseModel::segment_for(uint64_t d, uint32_t min_id, uint32_t max_id,
-                                int64_t not_before) const {
-  const int nearest = segment_for(d, min_id, max_id);
-  if (nearest < 0) return -1;
-  const Segment& n = segments_[static_cast<size_t>(nearest)];
-  if (d < n.valid_from || d > n.valid_until) return nearest;  // no range holds d
-  if (static_cast<int64_t>(convert(n, d)) >= not_before) return nearest;
-  for (int i = nearest - 1; i >= 0; --i) {
-    const Segment& s = segments_[static_cast<size_t>(i)];
-    if (s.knots.empty() || s.id < min_id || s.id > max_id) continue;
-    if (d < s.valid_from || d > s.valid_until) continue;
-    if (static_cast<int64_t>(convert(s, d)) >= not_before) return i;
-  }
-  return nearest;
 }
 
 uint64_t PiecewiseModel::to_host_near(uint64_t d, uint64_t hint) const {
@@ -440,6 +410,15 @@ void ClockSync::push_knot() {
   }
 }
 
+void ClockSync::open_segment(PiecewiseModel::Segment s) {
+  seg_id_ = s.id;
+  history_.mutable_segments().push_back(std::move(s));
+  window_.clear();
+  inlier_.clear();
+  have_pending_ = false;
+  have_pending2_ = false;
+}
+
 void ClockSync::start_segment(const SyncObservation* first, const SyncObservation& second) {
   auto& segs = history_.mutable_segments();
   const SyncObservation& head = first ? *first : second;
@@ -462,12 +441,7 @@ void ClockSync::start_segment(const SyncObservation* first, const SyncObservatio
     seg_slope0_ = prior_slope_;
     seg_var0_ = prior_var_;
   }
-  seg_id_ = s.id;
-  segs.push_back(std::move(s));
-  window_.clear();
-  inlier_.clear();
-  have_pending_ = false;
-  have_pending2_ = false;
+  open_segment(std::move(s));
   if (first) {
     window_.push_back(*first);
     inlier_.push_back(1);
@@ -577,12 +551,7 @@ void ClockSync::start_rate_segment(const SyncObservation& a, const SyncObservati
   const long double floor_sd = 0.1e-6L * rates_.device_ns_per_tick();
   seg_slope0_ = slope;
   seg_var0_ = std::max(slope_var, floor_sd * floor_sd);
-  seg_id_ = s.id;
-  segs.push_back(std::move(s));
-  window_.clear();
-  inlier_.clear();
-  have_pending_ = false;
-  have_pending2_ = false;
+  open_segment(std::move(s));
   keep.insert(keep.end(), {a, b, c});
   for (const auto& o : keep) {
     window_.push_back(o);

@@ -228,13 +228,6 @@ class PiecewiseModel {
   // none is): a caller that knows which steps lie before a time (a
   // stream whose times went back) tells a repeated time apart.
   int segment_for(uint64_t device_time, uint32_t min_id, uint32_t max_id) const;
-  // The same, and where ranges overlap (the interval around a step, where
-  // only the rounds on both sides are known) the newest segment that does
-  // not put d before `not_before` (the host time of an earlier record of
-  // the same device stream, whose times run forward): a record before a
-  // forward step is not moved back by the step's size.  -1 when none holds d.
-  int segment_for(uint64_t device_time, uint32_t min_id, uint32_t max_id,
-                  int64_t not_before) const;
   // Host time of d in the segment, among those whose range holds d, that
   // puts it nearest `host_hint` (a time the caller knows to be close: the
   // online conversion, for an offline re-conversion), else as to_host(d).
@@ -305,6 +298,8 @@ class ClockSync {
   const SyncConfig& config() const { return cfg_; }
 
  private:
+  // Makes s the current segment, with an empty window and nothing pending.
+  void open_segment(PiecewiseModel::Segment s);
   void start_segment(const SyncObservation* first, const SyncObservation& second);
   // Far-off observations that agree on no one offset but on one line: the
   // clock runs at a rate the model does not know (a mis-declared clock or
