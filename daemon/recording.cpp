@@ -382,13 +382,9 @@ class DeviceRecorder {
     out->time_ns = static_cast<int64_t>(
         current ? m->current.to_host(r.time)
                 : h.to_host(r.time, h.segments()[static_cast<size_t>(seg)].id));
-    if (beyond && !force) {
-      const ClockModel& c = m->current;
-      const double dx_ns = std::fabs(static_cast<double>(time_diff(r.time, c.device_ref)) *
-                                     static_cast<double>(c.ns_per_tick));
-      const double claim = c.uncertainty_ns + 3 * c.rate_sigma_ppb * 1e-9 * dx_ns + 1000;
-      if (static_cast<double>(out->time_ns - read_ns) > claim) return false;
-    }
+    if (beyond && !force &&
+        static_cast<double>(out->time_ns - read_ns) > claim_at(m->current, r.time) + kClaimSlackNs)
+      return false;
     return true;
   }
 
@@ -404,10 +400,8 @@ class DeviceRecorder {
     const int64_t read_ns = now_ns();  // after d was posted
     if (d == 0) return true;
     const ClockModel& c = m->current;
-    const double dx_ns = std::fabs(static_cast<double>(time_diff(d, c.device_ref)) *
-                                   static_cast<double>(c.ns_per_tick));
-    const double claim = c.uncertainty_ns + 3 * c.rate_sigma_ppb * 1e-9 * dx_ns + 1000;
-    return static_cast<double>(time_diff(c.to_host(d), static_cast<uint64_t>(read_ns))) <= claim;
+    return static_cast<double>(time_diff(c.to_host(d), static_cast<uint64_t>(read_ns))) <=
+           claim_at(c, d) + kClaimSlackNs;
   }
 
   // The stream's epoch for r (see convert()): a device-clock record more
@@ -417,8 +411,7 @@ class DeviceRecorder {
   uint32_t epoch_of(const perfq_record& r, const ModelSnapshot* m) {
     StreamClock& sc = stream_clock_[r.stream];
     if (!device_domain(r) || PERFQ_FLAGS_KIND(r.flags) == PERFQ_KIND_LOST) return sc.epoch;
-    const auto back = static_cast<int64_t>(kBackStepNs * static_cast<double>(dev_->region().header().device_clock_hz) / 1e9) + 1;
-    if (sc.seen && time_diff(r.time, sc.last) < -back) {
+    if (sc.seen && time_diff(r.time, sc.last) < -back_step_ticks_) {
       const int64_t jump = time_diff(sc.last, r.time);
       ++sc.epoch;
       sc.last = r.time;
@@ -443,10 +436,20 @@ class DeviceRecorder {
   // about a second into a recording; until then records wait for a round
   // after them, and so does a time far ahead (a clock step forward).
   static bool settled(const ModelSnapshot& m, uint64_t d) {
-    const ClockModel& c = m.current;
-    return settled_over(c, std::fabs(static_cast<double>(time_diff(d, c.device_ref)) *
-                                     static_cast<double>(c.ns_per_tick)));
+    return settled_over(m.current, host_distance_ns(m.current, d));
   }
+  // Host ns between the model's reference and device time d.
+  static double host_distance_ns(const ClockModel& c, uint64_t d) {
+    return std::fabs(static_cast<double>(time_diff(d, c.device_ref)) *
+                     static_cast<double>(c.ns_per_tick));
+  }
+  // What the model vouches for at d: its uncertainty at its reference and
+  // 3 sigma of its rate over the distance.
+  static double claim_at(const ClockModel& c, uint64_t d) {
+    return c.uncertainty_ns + 3 * c.rate_sigma_ppb * 1e-9 * host_distance_ns(c, d);
+  }
+  // Room on a claim for the checks against host times read around it.
+  static constexpr double kClaimSlackNs = 1000;
   // The rule itself, for a distance of dx_ns host ns from the model's reference.
   static bool settled_over(const ClockModel& c, double dx_ns) {
     return 3 * c.rate_sigma_ppb * 1e-9 * dx_ns <= 0.25 * c.uncertainty_ns;
@@ -755,6 +758,9 @@ class DeviceRecorder {
     size_t held = 0;                // its records in held_: later ones wait behind them
   };
   std::map<uint16_t, StreamClock> stream_clock_;  // drain thread
+  // kBackStepNs in device ticks (at least 1).
+  const int64_t back_step_ticks_ =
+      static_cast<int64_t>(kBackStepNs * static_cast<double>(dev_->region().header().device_clock_hz) / 1e9) + 1;
   // Per epoch, the lowest segment id its records may use (epoch 0: 0).
   std::vector<uint32_t> epoch_floor_{0};  // drain thread
   StreamFrontier frontier_;  // drain thread: each stream's newest converted time in a poll
