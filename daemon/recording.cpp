@@ -199,21 +199,19 @@ class DeviceRecorder {
     uint64_t covered_device = 0;  // device time of the newest observation in it
     int64_t covered_host = 0;     // its host time
     uint64_t rounds = 0;          // rounds taken into the model so far
+    double tight_ns = 0;          // RoundGate::tight_ns() then
   };
-  // Rounds a model must have taken in before it converts anything: the
-  // first ones do not know the drift yet, and one bad round weighs much.
-  static constexpr uint64_t kMinModelRounds = 5;
   static constexpr uint32_t kWarmupIntervalMs = 10;
   static constexpr uint32_t kMaxFastRounds = 300;  // 3 s of 10 ms rounds at most
   static std::shared_ptr<const ModelSnapshot> snapshot(const HostSync& sync,
-                                                       const SyncObservation& newest,
-                                                       uint64_t rounds) {
+                                                       const SyncObservation& newest) {
     const auto horizon = static_cast<uint64_t>(kSnapshotHorizonS *
                                                static_cast<double>(sync.rates().device_hz));
     const uint64_t d = newest.device_time;
     return std::make_shared<const ModelSnapshot>(
         ModelSnapshot{sync.sync().current(), sync.sync().history().recent(d > horizon ? d - horizon : 0),
-                      d, static_cast<int64_t>(newest.host_ns), rounds});
+                      d, static_cast<int64_t>(newest.host_ns), sync.gate().taken(),
+                      sync.gate().tight_ns()});
   }
 
   std::shared_ptr<const ModelSnapshot> model() const {
@@ -252,9 +250,8 @@ class DeviceRecorder {
         rec_.queue_sync(std::move(ss), has ? &m : nullptr);
         const bool taken = r->verdict == ClockSync::Verdict::kAccepted ||
                            r->verdict == ClockSync::Verdict::kNewSegment;
-        if (taken) ++taken_rounds_;
         if (has && taken) {
-          auto snap = snapshot(sync, r->observation, taken_rounds_);
+          auto snap = snapshot(sync, r->observation);
           {
             std::lock_guard lock(model_mu_);
             model_ = std::move(snap);
@@ -274,15 +271,15 @@ class DeviceRecorder {
       }
       // Until the model has its first rounds, nothing of the device can be
       // converted and every record waits in memory; until it knows the
-      // drift well enough to convert at once (settled()), records wait for
+      // drift well enough to convert at once (ClockModel::settled_at()), records wait for
       // the next round.  Take rounds quickly until then (a fit over rounds
       // 10 ms apart brackets the records between them as well as one over
       // 100 ms, and learns the drift sooner), for at most kMaxFastRounds,
       // then settle to the configured interval.
-      bool fast = taken_rounds_ < kMinModelRounds;
+      bool fast = sync.gate().taken() < kMinModelRounds;
       if (!fast && fast_rounds_ < kMaxFastRounds && sync.sync().has_model()) {
         // Settled as far as records reach between rounds (and a half).
-        fast = !settled_over(sync.sync().current(), 1.5e6 * opts_.sync_interval_ms);
+        fast = !sync.sync().current().settled_over(1.5e6 * opts_.sync_interval_ms);
       }
       if (fast) ++fast_rounds_;
       const uint32_t interval = fast
@@ -307,7 +304,7 @@ class DeviceRecorder {
   // the fit brackets it: interpolation, not extrapolation from an older
   // round (which, while the drift is still being learned, can be off by
   // more than a job's cross-bus gaps), or at once when the model is
-  // settled() enough that extrapolating costs next to nothing.  The newest
+  // settled_at() enough that extrapolating costs next to nothing.  The newest
   // fit of the time's own segment is used; times before the last clock
   // step use the history.
   //
@@ -378,12 +375,17 @@ class DeviceRecorder {
     }
     const bool current = static_cast<size_t>(seg) + 1 == h.segments().size();
     const bool beyond = current && time_diff(m->covered_device, r.time) < 0;
-    if (beyond && !force && (!extrapolate || !settled(*m, r.time))) return false;
+    if (beyond && !force && (!extrapolate || !m->current.vouches(r.time, m->tight_ns)))
+      return false;
+    // Covered, but by a model looser than this device's good rounds make
+    // it (fitted while the first rounds were loose): wait for a round that
+    // tightens it (RoundGate::tight_ns()).
+    if (current && !force && m->current.claim_at(r.time) > m->tight_ns) return false;
     out->time_ns = static_cast<int64_t>(
         current ? m->current.to_host(r.time)
                 : h.to_host(r.time, h.segments()[static_cast<size_t>(seg)].id));
     if (beyond && !force &&
-        static_cast<double>(out->time_ns - read_ns) > claim_at(m->current, r.time) + kClaimSlackNs)
+        static_cast<double>(out->time_ns - read_ns) > m->current.claim_at(r.time) + kClaimSlackNs)
       return false;
     return true;
   }
@@ -401,7 +403,7 @@ class DeviceRecorder {
     if (d == 0) return true;
     const ClockModel& c = m->current;
     return static_cast<double>(time_diff(c.to_host(d), static_cast<uint64_t>(read_ns))) <=
-           claim_at(c, d) + kClaimSlackNs;
+           c.claim_at(d) + kClaimSlackNs;
   }
 
   // The stream's epoch for r (see convert()): a device-clock record more
@@ -429,31 +431,9 @@ class DeviceRecorder {
     return sc.epoch;
   }
 
-  // Whether the current model may convert a device time beyond its newest
-  // round without waiting for the next: once the drift is known well
-  // enough that extrapolating to d (3 sigma of the rate over the distance)
-  // adds at most a quarter of the model's own uncertainty.  Usually true
-  // about a second into a recording; until then records wait for a round
-  // after them, and so does a time far ahead (a clock step forward).
-  static bool settled(const ModelSnapshot& m, uint64_t d) {
-    return settled_over(m.current, host_distance_ns(m.current, d));
-  }
-  // Host ns between the model's reference and device time d.
-  static double host_distance_ns(const ClockModel& c, uint64_t d) {
-    return std::fabs(static_cast<double>(time_diff(d, c.device_ref)) *
-                     static_cast<double>(c.ns_per_tick));
-  }
-  // What the model vouches for at d: its uncertainty at its reference and
-  // 3 sigma of its rate over the distance.
-  static double claim_at(const ClockModel& c, uint64_t d) {
-    return c.uncertainty_ns + 3 * c.rate_sigma_ppb * 1e-9 * host_distance_ns(c, d);
-  }
-  // Room on a claim for the checks against host times read around it.
+  // Room on a claim (ClockModel::claim_at()) for the checks against host
+  // times read around it.
   static constexpr double kClaimSlackNs = 1000;
-  // The rule itself, for a distance of dx_ns host ns from the model's reference.
-  static bool settled_over(const ClockModel& c, double dx_ns) {
-    return 3 * c.rate_sigma_ppb * 1e-9 * dx_ns <= 0.25 * c.uncertainty_ns;
-  }
 
   // One poll: returns records consumed, or -1 when the drain must end.
   long poll_once(DeviceDrain& drain, std::vector<perfq_record>& batch,
@@ -496,7 +476,9 @@ class DeviceRecorder {
     const int64_t hold_limit =
         static_cast<int64_t>(kMinModelRounds + 3) * opts_.sync_interval_ms * 1'000'000 +
         200'000'000;
-    if (model && !held_.empty() && (model != held_model_ || t0 - held_since_ > hold_limit)) {
+    if (model && !held_.empty() &&
+        (model != held_model_ || t0 - held_since_ > hold_limit ||
+         t0 - held_.front().held_ns > kMaxHoldNs)) {
       // A newer model (or the wait is over): release what it covers.  held_
       // is in time order and what a model may convert is a prefix of it
       // (covered by a round, or close enough to the newest), so the scan
@@ -505,7 +487,9 @@ class DeviceRecorder {
       const bool force = t0 - held_since_ > hold_limit;
       while (!held_.empty()) {
         TraceRecord tr;
-        if (!convert(held_.front().rec, held_.front().epoch, model.get(), force, read_ns, extrapolate, &tr))
+        const Held& f = held_.front();
+        if (!convert(f.rec, f.epoch, model.get(), force || t0 - f.held_ns > kMaxHoldNs, read_ns,
+                     extrapolate, &tr))
           break;
         take(drain, tr, out);
         --stream_clock_[held_.front().rec.stream].held;
@@ -527,7 +511,7 @@ class DeviceRecorder {
       if (!behind && convert(r, epoch, model.get(), false, read_ns, extrapolate, &tr)) {
         if (take(drain, tr, out)) frontier_.note(r.stream, tr.time_ns);
       } else if (held_.size() + newly_held_.size() < cap) {
-        newly_held_.push_back({r, epoch});
+        newly_held_.push_back({r, epoch, t0});
         ++stream_clock_[r.stream].held;
       } else {
         ++dropped;
@@ -714,7 +698,7 @@ class DeviceRecorder {
         continue;
       }
       if (!sync->sync().has_model()) continue;
-      auto snap = snapshot(*sync, r->observation, ++taken_rounds_);
+      auto snap = snapshot(*sync, r->observation);
       const SyncRound& sr = sync->rounds().back();
       std::vector<TraceSyncSample> ss = samples_of(sr);
       TraceClockModel m{source_, now_ns(), sync->sync().current().to_abi()};
@@ -743,8 +727,13 @@ class DeviceRecorder {
 
   struct Held {
     perfq_record rec;
-    uint32_t epoch;  // epoch_of() when it was read
+    uint32_t epoch;   // epoch_of() when it was read
+    int64_t held_ns;  // when it began to wait
   };
+  // The longest a record waits for a model that vouches for it tightly
+  // (RoundGate::tight_ns()); then it converts with the model there is,
+  // whose claim the trace keeps with it.
+  static constexpr int64_t kMaxHoldNs = 2'000'000'000;
   std::deque<Held> held_;  // drain thread: waiting for a model, in (epoch, device time) order
   bool draining_out_ = false;       // drain thread: stopping, held_ is not capped
   std::vector<Held> newly_held_, overlap_;  // drain thread: hold()'s scratch
@@ -768,7 +757,6 @@ class DeviceRecorder {
   int64_t held_since_ = 0;
   std::unique_ptr<HostSync> sync_;  // the sync thread's; the drain's after it ended
   std::atomic<bool> sync_done_{false};
-  uint64_t taken_rounds_ = 0;  // the sync thread's, then the drain's (after sync_done_)
   uint32_t fast_rounds_ = 0;   // the sync thread's: rounds taken at the warm-up interval
   uint64_t dropped_no_clock_ = 0;                  // drain thread only
   uint64_t before_start_ = 0;                      // drain thread only

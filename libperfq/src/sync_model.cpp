@@ -180,6 +180,14 @@ uint64_t ClockModel::to_host(uint64_t device_time) const noexcept {
   return add_ns(host_ref, host_frac + dx * ns_per_tick);
 }
 
+double ClockModel::host_distance_ns(uint64_t d) const noexcept {
+  return std::fabs(static_cast<double>(time_diff(d, device_ref)) * static_cast<double>(ns_per_tick));
+}
+
+double ClockModel::claim_at(uint64_t d) const noexcept {
+  return uncertainty_ns + 3 * rate_sigma_ppb * 1e-9 * host_distance_ns(d);
+}
+
 double ClockModel::device_drift_ppb(const ClockRates& rates) const noexcept {
   return static_cast<double>((rates.device_ns_per_tick() / ns_per_tick - 1) * 1e9L);
 }
@@ -789,8 +797,19 @@ ClockSync::Verdict RoundGate::feed(ClockSync& sync, const SyncObservation& obs) 
         std::fabs(static_cast<double>(time_diff(obs.host_ns, sync.to_host(obs.device_time))));
     useless = model_unc < obs.uncertainty_ns && resid <= obs.uncertainty_ns + model_unc;
   }
-  return !sync.has_model() || (obs.uncertainty_ns <= gate && !useless) ? sync.add(obs)
-                                                                         : sync.witness(obs);
+  const ClockSync::Verdict v = !sync.has_model() || (obs.uncertainty_ns <= gate && !useless)
+                                  ? sync.add(obs)
+                                  : sync.witness(obs);
+  if (v == ClockSync::Verdict::kAccepted || v == ClockSync::Verdict::kNewSegment) ++taken_;
+  return v;
+}
+
+double RoundGate::tight_ns() const {
+  if (recent_.empty()) return std::numeric_limits<double>::infinity();
+  // Until 64 rounds tell what this device's rounds give, the floor: the
+  // first rounds may all be loose (the machine busy starting the device).
+  if (recent_.size() < kRounds) return cfg_.floor_ns;
+  return std::max(cfg_.floor_ns, cfg_.factor * *std::min_element(recent_.begin(), recent_.end()));
 }
 
 // ---- Mode B ------------------------------------------------------------------------------
@@ -831,6 +850,10 @@ bool DeviceClockSync::convert_record(perfq_record* r) const {
   if (!ready()) return false;
   const unsigned domain = PERFQ_FLAGS_DOMAIN(r->flags);
   if (domain != PERFQ_CLOCK_DEVICE) return false;
+  // The host's rule for extrapolating past the newest round: a time the
+  // model does not vouch for stays in D, and the host converts it once a
+  // round after it is in (the same rounds give the host the same model).
+  if (gate_.taken() < kMinModelRounds || !sync_.current().vouches(r->time, gate_.tight_ns())) return false;
   r->time = to_host(r->time);
   r->flags = static_cast<uint16_t>((r->flags & ~PERFQ_FLAGS_DOMAIN_MASK) |
                                    (PERFQ_CLOCK_HOST_BY_DEVICE << PERFQ_FLAGS_DOMAIN_SHIFT));

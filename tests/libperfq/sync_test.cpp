@@ -861,6 +861,86 @@ TEST_CASE("sync: mode B, the device converts its own record times", "[sync]") {
   CHECK_FALSE(dev.convert_record(&r));  // already in host time
 }
 
+// How loose a claim may be for a record to convert without waiting: the
+// floor while the first rounds may all be loose, then what this device's
+// rounds give (a jittery one's, factor x its tightest round).
+TEST_CASE("sync: RoundGate::tight_ns follows the device's tightest rounds", "[sync]") {
+  Sim sim;
+  ClockSync sync(sim.rates());
+  RoundGate gate;
+  CHECK(std::isinf(gate.tight_ns()));
+  auto feed = [&](double unc, uint32_t no) {
+    SyncObservation o;
+    o.round = no;
+    o.host_ns = sim.H0 + static_cast<uint64_t>(no) * 100'000'000ull;
+    o.device_time = o.host_ns;  // D == H
+    o.uncertainty_ns = unc;
+    return gate.feed(sync, o);
+  };
+  uint32_t no = 1;
+  (void)feed(40'000, no++);  // a busy start: every round loose
+  (void)feed(35'000, no++);
+  CHECK(gate.tight_ns() == GateConfig{}.floor_ns);
+  for (; no < 64; ++no) (void)feed(1'500 + (no % 7) * 100, no);
+  CHECK(gate.tight_ns() == GateConfig{}.floor_ns);
+  for (; no <= 200; ++no) (void)feed(1'500 + (no % 7) * 100, no);
+  // 64 rounds of 1.5-2.1 us: 4 x 1.5 us.
+  CHECK(gate.tight_ns() == Approx(6'000));
+  CHECK(gate.taken() >= 190);
+}
+
+// The device converts only what its model vouches for: from the first
+// round on, each record it stamps before the next round is either left in
+// D (for the host, which waits for a round after it) or converted within
+// the model's claim.  With the first rounds' model (the drift barely
+// known) it used to extrapolate 100 ms at +-300 ppm: tens of microseconds
+// off while the model claimed a few hundred ns.
+TEST_CASE("sync: mode B, the device converts a record only where its model holds", "[sync]") {
+  for (long double drift : {300e-6L, -300e-6L, 80e-6L, -50e-6L}) {
+    Sim sim;
+    sim.D0 = 4'000'000'000ULL;
+    sim.drift = drift;
+    sim.base_ns = 200;
+    sim.jitter_ns = 300;
+    DeviceClockSync dev(sim.rates());
+    size_t converted = 0, left = 0, beyond = 0;
+    double worst = 0;
+    uint32_t no = 0;
+    for (long double t = 0; t < 4e9L; t += sim.round_interval_ns) {
+      const SyncRound rd = sim.round_at(t, no++);
+      (void)dev.add(make_observation(rd.host, rd.device, sim.rates(), {}, rd.round).value());
+      // Records stamped between this round and the next.
+      for (int k = 1; k <= 20; ++k) {
+        const long double at = t + sim.round_interval_ns * k / 21;
+        perfq_record r{};
+        r.flags = PERFQ_FLAGS(PERFQ_KIND_INSTANT, PERFQ_CLOCK_DEVICE);
+        r.time = sim.D(at);
+        const uint64_t d = r.time;
+        if (!dev.convert_record(&r)) {
+          ++left;
+          CHECK(PERFQ_FLAGS_DOMAIN(r.flags) == PERFQ_CLOCK_DEVICE);
+          CHECK(r.time == d);
+          continue;
+        }
+        ++converted;
+        const double err = std::fabs(static_cast<double>(time_diff(r.time, sim.H(at))));
+        const double claim = dev.sync().current().claim_at(d);
+        worst = std::max(worst, err);
+        // 1 ns of slack: the host clock's integer ns.  And as tight as the
+        // host's own extrapolation (ClockModel::settled_at()).
+        if (err > claim + 1 || claim > 1.25 * dev.sync().current().uncertainty_ns + 1) ++beyond;
+      }
+    }
+    INFO("drift " << static_cast<double>(drift * 1e6L) << " ppm: " << converted << " converted, "
+                  << left << " left in D, " << beyond << " beyond the claim (worst " << worst
+                  << " ns)");
+    CHECK(beyond == 0);
+    CHECK(worst < 2000);
+    CHECK(left > 0);                   // the first rounds' records wait for the host
+    CHECK(converted > 20 * 30);        // and the device converts once it holds
+  }
+}
+
 // The device fits the rounds the host fits: both go through one RoundGate,
 // so the host's model (whose claims the host can check and report) is the
 // one the device converts with, also on a machine where whole rounds wait

@@ -71,14 +71,6 @@ struct Outcome {
 // quantization is 52 ns).
 constexpr double kClaimSlackNs = 200;
 
-// What a model vouches for at device time d: its uncertainty at its
-// reference plus 3 sigma of its rate over the distance.
-double claim_at(const ClockModel& m, uint64_t d) {
-  const double dt = std::fabs(static_cast<double>(time_diff(d, m.device_ref)) *
-                              static_cast<double>(m.ns_per_tick));
-  return m.uncertainty_ns + 3 * m.rate_sigma_ppb * 1e-9 * dt;
-}
-
 double pct(std::vector<double> v, double p) {
   if (v.empty()) return 0;
   std::sort(v.begin(), v.end());
@@ -182,11 +174,11 @@ Outcome run(const Scenario& sc) {
         // clock): what the host's mirror model vouches for there.
         if (dom == PERFQ_CLOCK_HOST_BY_DEVICE) {
           const uint64_t d = truth_clock.device_time_at(rec.arg);
-          conv.push_back({d, rec.time, rec.arg, claim_at(hs.sync().history().model_at(d), d)});
+          conv.push_back({d, rec.time, rec.arg, hs.sync().history().model_at(d).claim_at(d)});
         }
       } else if (hs.sync().has_model()) {
         conv.push_back({rec.time, hs.sync().to_host(rec.time), rec.arg,
-                        claim_at(hs.sync().history().model_at(rec.time), rec.time)});
+                        hs.sync().history().model_at(rec.time).claim_at(rec.time)});
       }
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(2));

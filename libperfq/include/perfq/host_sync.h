@@ -62,6 +62,8 @@ class HostSync {
   // last ones (HostSyncOptions::keep_rounds).
   const std::vector<SyncRound>& rounds() const { return rounds_; }
   uint32_t rounds_done() const { return next_round_ - 1; }
+  // The gate the rounds go through (how many it took, how tight they are).
+  const RoundGate& gate() const { return gate_; }
 
  private:
   DeviceTransport& device_;

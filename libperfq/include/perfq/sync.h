@@ -125,6 +125,26 @@ struct ClockModel {
   bool valid = false;
 
   uint64_t to_host(uint64_t device_time) const noexcept;
+  // Host ns between device_ref and device time d.
+  double host_distance_ns(uint64_t d) const noexcept;
+  // What the model vouches for at d (the bound every converted time
+  // carries): its uncertainty at its reference plus 3 sigma of its rate
+  // over the distance.
+  double claim_at(uint64_t d) const noexcept;
+  // Whether d may be converted by extrapolation, without waiting for a
+  // round after it: the rate is known well enough that 3 sigma of it over
+  // the distance adds at most a quarter of the model's own uncertainty.
+  // The one rule for the daemon's converter and mode B's device.
+  bool settled_at(uint64_t d) const noexcept { return settled_over(host_distance_ns(d)); }
+  bool settled_over(double dx_ns) const noexcept {
+    return 3 * rate_sigma_ppb * 1e-9 * dx_ns <= 0.25 * uncertainty_ns;
+  }
+  // Whether the model may convert d beyond its newest round now: settled
+  // there and claiming at most tight_ns (RoundGate::tight_ns()).  The one
+  // rule for both online converters, the daemon's and mode B's device's.
+  bool vouches(uint64_t d, double tight_ns) const noexcept {
+    return settled_at(d) && claim_at(d) <= tight_ns;
+  }
   // How fast the device clock runs against its nominal rate, measured in
   // host time, in ppb (+1000 ppm: D gains 1 ms per host second).  Note the
   // ABI's rate_ppb is the inverse view (host ns per device tick): outputs
@@ -355,6 +375,10 @@ struct GateConfig {
   double contended_delay_ns = 20'000;
 };
 
+// Rounds a model must have taken in before it converts anything: the
+// first ones do not know the drift yet, and one bad round weighs much.
+inline constexpr uint64_t kMinModelRounds = 5;
+
 class RoundGate {
  public:
   explicit RoundGate(const GateConfig& cfg = {}) : cfg_(cfg) {}
@@ -363,8 +387,20 @@ class RoundGate {
   // witness a clock step.  kOutlier when gated and no step witness.
   ClockSync::Verdict feed(ClockSync& sync, const SyncObservation& obs);
 
+  // The loosest claim (ClockModel::claim_at()) a model may make at a time
+  // it converts without waiting for better rounds: max(floor_ns, factor x
+  // the tightest of the last 64 rounds), and floor_ns until there are 64.
+  // A model fitted while the first rounds were loose (a machine busy
+  // starting the device) is honest about its tens of microseconds, but a
+  // round or two later the same records convert within a few hundred ns:
+  // they wait for that.  Infinite before the first round.
+  double tight_ns() const;
+  // Rounds taken into the model (accepted or opening a segment).
+  uint64_t taken() const { return taken_; }
+
  private:
   static constexpr size_t kRounds = 64;
+  uint64_t taken_ = 0;
   GateConfig cfg_;
   std::vector<double> recent_;  // uncertainties of the last rounds, ring
   std::vector<double> scratch_;
@@ -432,7 +468,12 @@ class DeviceClockSync {
   // for them).  Returns the input unchanged when no model exists yet.
   uint64_t to_host(uint64_t device_time) const;
   // Rewrites a PERFQ_CLOCK_DEVICE record into PERFQ_CLOCK_HOST_BY_DEVICE;
-  // false (record untouched) when not ready or the record is in another domain.
+  // false (record untouched) when not ready, the record is in another
+  // domain, or the model does not vouch for its time yet (fewer than
+  // kMinModelRounds rounds, or ClockModel::vouches(): the drift is not
+  // known well enough to extrapolate there, or the model is looser than
+  // this device's good rounds make it).  A record left in D is the host's to convert, with
+  // the model the same rounds give it, once a round after it is in.
   bool convert_record(perfq_record* r) const;
   const ClockSync& sync() const { return sync_; }
 
