@@ -7,6 +7,9 @@
 #   make qemu-shell boot the QEMU guest interactively (driver and tools inside)
 #   make demo     build and run the demonstration
 #   make bench    build and run the benchmarks (figures in build/bench/results.json)
+#   make accuracy build, then record devsim --truth 40 times (two scenarios, half
+#                 of the runs on loaded CPUs) and check every device time against
+#                 the truth and the claimed bound (~10 min; build/accuracy.json)
 #   make deps     install the Debian packages perfq needs (only what is missing)
 #   make install  install into PREFIX (default /usr/local), under DESTDIR if set
 #   make uninstall  remove what make install put there
@@ -25,12 +28,12 @@ JOBS        ?= $(shell nproc)
 PREFIX      ?= /usr/local
 DESTDIR     ?=
 
-.PHONY: all build deps asan tsan test qemu-test qemu-shell demo bench clean help install uninstall install-dkms uninstall-dkms deb
+.PHONY: all build deps asan tsan test qemu-test qemu-shell demo bench accuracy clean help install uninstall install-dkms uninstall-dkms deb
 
 all: build
 
 help:
-	@sed -n '2,18p' Makefile | sed 's/^# \{0,1\}//'
+	@sed -n '2,21p' Makefile | sed 's/^# \{0,1\}//'
 
 deps:
 	@scripts/deps.sh
@@ -84,6 +87,9 @@ demo: build
 
 bench: build
 	@scripts/bench.py --build $(BUILD) --out $(BUILD)/bench/results.json
+
+accuracy: build
+	@scripts/accuracy.py --build $(BUILD) --out $(BUILD)/accuracy.json
 
 # The build folder's install prefix follows PREFIX (nothing recompiles); the
 # list of installed files (with DESTDIR) is kept for make uninstall.
