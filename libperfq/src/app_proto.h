@@ -27,6 +27,10 @@
 #include <optional>
 #include <string>
 
+#include <nlohmann/json.hpp>
+#include <vector>
+
+#include "perfq/event_info.h"
 #include "perfq/mapping.h"
 #include "perfq/status.h"
 
@@ -69,5 +73,15 @@ long recv_chunk(int sock, LineBuffer& buf, UniqueFd* fd_out);
 // Blocking read of one line (bounded by the socket's SO_RCVTIMEO), with
 // the fd passed with it, if any.
 Result<std::string> read_line(int sock, LineBuffer& buf, UniqueFd* fd_out);
+
+// Printable ASCII, at most max bytes: names from applications end up in
+// logs, status output and trace metadata.
+std::string clean_name(const std::string& s, size_t max);
+
+// One event as the "events" arrays carry it: {"id":..,"name":..,"kind":..}.
+nlohmann::json event_to_json(const EventInfo& e);
+// An "events" array into *out, with the limits applied (ids 1..max_id,
+// kinds BEGIN..COUNTER, names of 1 to PERFQ_EVENT_NAME_LEN - 1 bytes).
+Status parse_events(const nlohmann::json& arr, size_t max_id, std::vector<EventInfo>* out);
 
 }  // namespace perfq

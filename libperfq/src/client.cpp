@@ -104,14 +104,6 @@ thread_local ThreadExitHook t_exit_hook;
 // The global connection generation; changes only under the client mutex.
 std::atomic<uint64_t> g_gen{1};
 
-struct EventDef {
-  uint32_t id;
-  int kind;
-  std::string name;
-};
-
-json event_json(const EventDef& e) { return {{"id", e.id}, {"name", e.name}, {"kind", e.kind}}; }
-
 class Client {
  public:
   // ---- lifecycle (serialized by life_mu_) ----
@@ -185,7 +177,7 @@ class Client {
   LineBuffer rbuf_;
   uint64_t ring_records_ = 0;
   std::condition_variable cv_;
-  std::vector<EventDef> events_;  // id = index + 1
+  std::vector<EventInfo> events_;  // id = index + 1
   std::unordered_map<std::string, uint32_t> by_name_;
   std::vector<ThreadState*> threads_;
   uint64_t exited_recorded_ = 0, exited_lost_ = 0, exited_dropped_ = 0,
@@ -364,7 +356,7 @@ void Client::connector_main() {
                 {"pid", ::getpid()},
                 {"name", app_name_}};
       j["events"] = json::array();
-      for (const auto& e : events_) j["events"].push_back(event_json(e));
+      for (const auto& e : events_) j["events"].push_back(event_to_json(e));
       sent = events_.size();
       hello = dump(j);
       path = socket_path_;
@@ -378,7 +370,7 @@ void Client::connector_main() {
       rbuf_.clear();
       if (events_.size() > sent) {
         json j = {{"cmd", "events"}, {"events", json::array()}};
-        for (size_t i = sent; i < events_.size(); ++i) j["events"].push_back(event_json(events_[i]));
+        for (size_t i = sent; i < events_.size(); ++i) j["events"].push_back(event_to_json(events_[i]));
         if (!request_locked(j, nullptr)) {
           conn_.reset();
           broken_ = false;
@@ -522,12 +514,12 @@ uint32_t Client::register_event(const char* name, int kind) {
     if (auto it = by_name_.find(n); it != by_name_.end()) return it->second;
     if (events_.size() >= 65535) return 0;
     const uint32_t id = static_cast<uint32_t>(events_.size() + 1);
-    events_.push_back({id, kind, n});
+    events_.push_back({id, static_cast<uint16_t>(kind), n});
     by_name_.emplace(n, id);
     // Known to the daemon before any record can carry the id.  A failure
     // breaks the connection; the next one sends every event in the hello.
     if (usable_locked())
-      (void)request_locked({{"cmd", "events"}, {"events", json::array({event_json(events_.back())})}},
+      (void)request_locked({{"cmd", "events"}, {"events", json::array({event_to_json(events_.back())})}},
                            nullptr);
     return id;
   } catch (...) {

@@ -148,7 +148,7 @@ Status publish_dictionary(const Region& region, const std::vector<EventInfo>& ev
                                                 " characters");
     perfq_dict_entry entry{};
     entry.event = e.event;
-    entry.kind = static_cast<uint16_t>(e.kind);
+    entry.kind = e.kind;
     std::memcpy(entry.name, e.name.data(), e.name.size());
     entries[i] = entry;
   }
@@ -182,7 +182,7 @@ Result<std::vector<EventInfo>> read_dictionary(const Region& region) {
     if (e.kind == PERFQ_KIND_INVALID || e.kind > PERFQ_KIND_MAX)
       return Status(Errc::kCorrupt, where + " (" + std::string(name, len) + "): kind " +
                                         std::to_string(e.kind) + " is not valid");
-    out.push_back({e.event, static_cast<perfq_kind>(e.kind), std::string(name, len)});
+    out.push_back({e.event, e.kind, std::string(name, len)});
   }
   return out;
 }

@@ -110,7 +110,7 @@ class Names {
     auto [it, fresh] = cache_.try_emplace((uint64_t{source} << 32) | ev);
     if (fresh) {
       const TraceSource* s = meta_.find_source(source);
-      const TraceEventInfo* e = s ? s->find_event(ev) : nullptr;
+      const EventInfo* e = s ? s->find_event(ev) : nullptr;
       it->second.name = e ? e->name : fmt::format("event_{}", ev);
       it->second.role = job_role(it->second.name);
     }

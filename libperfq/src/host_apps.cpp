@@ -28,17 +28,6 @@ std::string dump(const json& j) { return j.dump(-1, ' ', false, json::error_hand
 
 std::string error_reply(const std::string& what) { return dump({{"ok", false}, {"error", what}}); }
 
-// Printable ASCII, at most max bytes: names from applications end up in
-// logs, status output and trace metadata.
-std::string clean_name(const std::string& s, size_t max) {
-  std::string out;
-  for (char ch : s) {
-    if (out.size() >= max) break;
-    out.push_back(ch >= 0x20 && ch < 0x7f ? ch : '?');
-  }
-  return out;
-}
-
 struct Ring {
   uint16_t source = 0, stream = 0;
   uint32_t pid = 0, tid = 0;
@@ -69,36 +58,13 @@ struct App {
   LineBuffer in;   // I/O thread
   bool connected = true;  // under mu
   bool changed = true;    // dictionary not yet taken; under mu
-  std::vector<TraceEventInfo> events;  // under mu
+  std::vector<EventInfo> events;  // under mu
   std::vector<TraceThread> threads;    // every ring's thread so far; under mu
   // id -> registered; replaced (never modified) under mu, read by drain.
   std::shared_ptr<const std::vector<uint8_t>> known;
   std::vector<std::shared_ptr<Ring>> rings;  // under mu
   uint32_t next_stream = 0;                  // under mu
 };
-
-// Parse an "events" array into (id, kind, name) with the limits applied.
-Status parse_events(const json& arr, size_t max_id, std::vector<TraceEventInfo>* out) {
-  if (!arr.is_array()) return Status(Errc::kInvalidArgument, "events must be an array");
-  if (arr.size() > max_id) return Status(Errc::kInvalidArgument, "too many events");
-  for (const auto& e : arr) {
-    if (!e.is_object() || !e.contains("id") || !e["id"].is_number_unsigned() ||
-        !e.contains("name") || !e["name"].is_string() || !e.contains("kind") ||
-        !e["kind"].is_number_unsigned())
-      return Status(Errc::kInvalidArgument, "event needs id, name and kind");
-    const uint64_t id = e["id"].get<uint64_t>();
-    const uint64_t kind = e["kind"].get<uint64_t>();
-    const std::string name = e["name"].get<std::string>();
-    if (id == 0 || id > max_id)
-      return Status(Errc::kInvalidArgument, "event id " + std::to_string(id) + " out of range");
-    if (kind < PERFQ_KIND_BEGIN || kind > PERFQ_KIND_COUNTER)
-      return Status(Errc::kInvalidArgument, "event kind " + std::to_string(kind) + " invalid");
-    if (name.empty() || name.size() >= PERFQ_EVENT_NAME_LEN)
-      return Status(Errc::kInvalidArgument, "event name must be 1 to 47 bytes");
-    out->push_back({static_cast<uint32_t>(id), static_cast<uint16_t>(kind), clean_name(name, 47)});
-  }
-  return Status::ok();
-}
 
 }  // namespace
 
@@ -124,14 +90,14 @@ struct HostApps::Impl {
   }
 
   // Add events to an app (under mu); error if an id is reused for another name.
-  Status add_events_locked(App& app, const std::vector<TraceEventInfo>& evs) {
+  Status add_events_locked(App& app, const std::vector<EventInfo>& evs) {
     auto known = std::make_shared<std::vector<uint8_t>>(app.known ? *app.known
                                                                   : std::vector<uint8_t>{});
-    std::vector<TraceEventInfo> added;
+    std::vector<EventInfo> added;
     for (const auto& e : evs) {
       if (e.event < known->size() && (*known)[e.event]) {
         auto it = std::find_if(app.events.begin(), app.events.end(),
-                               [&](const TraceEventInfo& x) { return x.event == e.event; });
+                               [&](const EventInfo& x) { return x.event == e.event; });
         if (it != app.events.end() && it->name != e.name)
           return Status(Errc::kInvalidArgument,
                         "event id " + std::to_string(e.event) + " already names " + it->name);
@@ -228,7 +194,7 @@ struct HostApps::Impl {
           .is_ok();
     }
     if (cmd == "events") {
-      std::vector<TraceEventInfo> evs;
+      std::vector<EventInfo> evs;
       Status s = parse_events(req.contains("events") ? req["events"] : json(),
                               opts.max_events_per_app, &evs);
       if (s) {
@@ -410,7 +376,7 @@ Status HostApps::adopt(UniqueFd conn, const nlohmann::json& hello, const struct 
     if (!hello.contains("name") || !hello["name"].is_string() ||
         hello["name"].get<std::string>().empty())
       return refuse(Status(Errc::kInvalidArgument, "app_hello needs a name"));
-    std::vector<TraceEventInfo> evs;
+    std::vector<EventInfo> evs;
     if (Status s = parse_events(hello.contains("events") ? hello["events"] : json::array(),
                                 impl_->opts.max_events_per_app, &evs);
         !s)

@@ -346,7 +346,7 @@ class Analyzer : public TraceVisitor {
     auto [it, fresh] = evinfo_.try_emplace(event_key(source, event));
     if (fresh) {
       const TraceSource* s = r_.metadata.find_source(source);
-      const TraceEventInfo* e = s ? s->find_event(event) : nullptr;
+      const EventInfo* e = s ? s->find_event(event) : nullptr;
       it->second.name = e ? e->name : fmt::format("event_{}", event);
       it->second.role = job_role(it->second.name);
     }

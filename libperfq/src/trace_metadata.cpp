@@ -18,7 +18,7 @@ namespace perfq {
 
 using nlohmann::json;
 
-const TraceEventInfo* TraceSource::find_event(uint32_t ev) const {
+const EventInfo* TraceSource::find_event(uint32_t ev) const {
   for (const auto& e : events) {
     if (e.event == ev) return &e;
   }
@@ -81,16 +81,6 @@ void TraceMetadata::merge(const TraceMetadata& later) {
     }
     if (!replaced) clock_domains.push_back(d);
   }
-}
-
-std::vector<TraceEventInfo> trace_events_from_dict(std::span<const perfq_dict_entry> entries) {
-  std::vector<TraceEventInfo> out;
-  out.reserve(entries.size());
-  for (const auto& e : entries) {
-    const char* name = reinterpret_cast<const char*>(e.name);
-    out.push_back({e.event, e.kind, std::string(name, strnlen(name, PERFQ_EVENT_NAME_LEN))});
-  }
-  return out;
 }
 
 std::string trace_metadata_to_json(const TraceMetadata& m) {

@@ -180,7 +180,7 @@ struct TraceContent : TraceVisitor {
   std::string event_name(const TraceRecord& r) const {
     const TraceSource* s = meta.find_source(r.source);
     if (!s) return "";
-    const TraceEventInfo* e = s->find_event(r.rec.event);
+    const EventInfo* e = s->find_event(r.rec.event);
     return e ? e->name : "";
   }
 };

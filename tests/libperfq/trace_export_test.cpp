@@ -52,7 +52,7 @@ class Collect : public TraceVisitor {
     for (const auto& r : recs) {
       e_.records.push_back(r);
       const TraceSource* s = m_.find_source(r.source);
-      const TraceEventInfo* ev = s ? s->find_event(r.rec.event) : nullptr;
+      const EventInfo* ev = s ? s->find_event(r.rec.event) : nullptr;
       e_.names.push_back(ev ? ev->name : "?");
     }
     return Status::ok();

@@ -414,21 +414,6 @@ TEST_CASE("trace: a device's PCI facts in the metadata, and traces without them"
   }
 }
 
-TEST_CASE("trace: a source dictionary from perfq_dict_entry", "[trace]") {
-  perfq_dict_entry e[2] = {};
-  e[0].event = 10;
-  e[0].kind = PERFQ_KIND_BEGIN;
-  std::memcpy(e[0].name, "job_start", 10);
-  e[1].event = 11;
-  e[1].kind = PERFQ_KIND_COUNTER;
-  std::memset(e[1].name, 'x', sizeof e[1].name);  // no NUL: cut at the field size
-  auto ev = trace_events_from_dict(e);
-  REQUIRE(ev.size() == 2);
-  CHECK(ev[0] == TraceEventInfo{10, PERFQ_KIND_BEGIN, "job_start"});
-  CHECK(ev[1].name == std::string(PERFQ_EVENT_NAME_LEN, 'x'));
-  CHECK(ev[1].kind == PERFQ_KIND_COUNTER);
-}
-
 TEST_CASE("trace: a full disk is an error, not silence", "[trace]") {
   if (access("/dev/full", W_OK) != 0) FAIL("/dev/full is needed for this test");
   auto w = TraceWriter::open("/dev/full", test_metadata());

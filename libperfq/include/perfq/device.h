@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "perfq/device_clock.h"
+#include "perfq/event_info.h"
 #include "perfq/perfq_abi.h"
 #include "perfq/region.h"
 #include "perfq/spsc_ring.h"
@@ -133,13 +134,6 @@ class DeviceCollector {
   bool converting_ = false;
   uint32_t mailbox_round_ = 0;
   uint64_t next_mailbox_poll_ = 0;
-};
-
-// An event a source can record, as published in its dictionary.
-struct EventInfo {
-  uint32_t event;
-  perfq_kind kind;
-  std::string name;
 };
 
 // Device: write the dictionary into the region (entries first, then count).

@@ -26,6 +26,7 @@
 #include <string>
 #include <vector>
 
+#include "perfq/event_info.h"
 #include "perfq/pci.h"
 #include "perfq/perfq_abi.h"
 #include "perfq/status.h"
@@ -73,13 +74,6 @@ struct TraceThread {
   bool operator==(const TraceThread&) const = default;
 };
 
-struct TraceEventInfo {
-  uint32_t event = 0;
-  uint16_t kind = 0;  // enum perfq_kind
-  std::string name;
-  bool operator==(const TraceEventInfo&) const = default;
-};
-
 // A source of records: one instrumented host application (stream = host
 // thread) or one device (stream = device worker/queue).  `id` is the
 // TraceRecord::source value; ids are unique within a trace.
@@ -93,11 +87,11 @@ struct TraceSource {
   std::optional<PciDevice> pci;  // device: its PCI facts when it is on a PCI bus
   uint64_t clock_hz = 0;     // device: nominal rate of its clock D
   uint64_t timer_hz = 0;     // device: nominal rate of its timer register R (0: unknown)
-  std::vector<TraceEventInfo> events;  // the source's event dictionary
+  std::vector<EventInfo> events;  // the source's event dictionary
   std::vector<TraceThread> threads;    // host application: its threads so far
   bool operator==(const TraceSource&) const = default;
 
-  const TraceEventInfo* find_event(uint32_t event) const;
+  const EventInfo* find_event(uint32_t event) const;
 };
 
 struct TraceClockDomain {
@@ -125,11 +119,6 @@ struct TraceMetadata {
   // non-empty host fields and options of `later`.
   void merge(const TraceMetadata& later);
 };
-
-// A source's dictionary from the entries a device publishes in its region
-// (or a host application sends): names are cut at the first NUL or at
-// PERFQ_EVENT_NAME_LEN bytes.
-std::vector<TraceEventInfo> trace_events_from_dict(std::span<const perfq_dict_entry> entries);
 
 std::string trace_metadata_to_json(const TraceMetadata& m);
 Result<TraceMetadata> trace_metadata_from_json(const std::string& text);
