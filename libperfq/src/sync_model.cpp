@@ -787,9 +787,7 @@ ClockSync::Verdict RoundGate::feed(ClockSync& sync, const SyncObservation& obs) 
   bool useless = false;
   if (obs.host_delay_ns > cfg_.contended_delay_ns && sync.has_model()) {
     const ClockModel& m = sync.current();
-    const double dx_ns = std::fabs(static_cast<double>(time_diff(obs.device_time, m.device_ref)) *
-                                   static_cast<double>(m.ns_per_tick));
-    const double rate_3s = 3 * m.rate_sigma_ppb * 1e-9 * dx_ns;
+    const double rate_3s = 3 * m.rate_sigma_ppb * 1e-9 * m.host_distance_ns(obs.device_time);
     const double model_unc = std::sqrt(m.uncertainty_ns * m.uncertainty_ns + rate_3s * rate_3s);
     // Only a round that agrees with the model: one far off may be a clock
     // step, which the model's step detector must see.
@@ -800,16 +798,14 @@ ClockSync::Verdict RoundGate::feed(ClockSync& sync, const SyncObservation& obs) 
   const ClockSync::Verdict v = !sync.has_model() || (obs.uncertainty_ns <= gate && !useless)
                                   ? sync.add(obs)
                                   : sync.witness(obs);
-  if (v == ClockSync::Verdict::kAccepted || v == ClockSync::Verdict::kNewSegment) ++taken_;
-  return v;
-}
-
-double RoundGate::tight_ns() const {
-  if (recent_.empty()) return std::numeric_limits<double>::infinity();
+  if (taken_into_model(v)) ++taken_;
   // Until 64 rounds tell what this device's rounds give, the floor: the
   // first rounds may all be loose (the machine busy starting the device).
-  if (recent_.size() < kRounds) return cfg_.floor_ns;
-  return std::max(cfg_.floor_ns, cfg_.factor * *std::min_element(recent_.begin(), recent_.end()));
+  tight_ = recent_.size() < kRounds
+               ? cfg_.floor_ns
+               : std::max(cfg_.floor_ns,
+                          cfg_.factor * *std::min_element(recent_.begin(), recent_.end()));
+  return v;
 }
 
 // ---- Mode B ------------------------------------------------------------------------------

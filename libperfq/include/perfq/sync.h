@@ -31,6 +31,7 @@
 
 #include <cstdint>
 #include <span>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -143,7 +144,8 @@ struct ClockModel {
   // there and claiming at most tight_ns (RoundGate::tight_ns()).  The one
   // rule for both online converters, the daemon's and mode B's device's.
   bool vouches(uint64_t d, double tight_ns) const noexcept {
-    return settled_at(d) && claim_at(d) <= tight_ns;
+    const double dx = host_distance_ns(d);
+    return settled_over(dx) && uncertainty_ns + 3 * rate_sigma_ppb * 1e-9 * dx <= tight_ns;
   }
   // How fast the device clock runs against its nominal rate, measured in
   // host time, in ppb (+1000 ppm: D gains 1 ms per host second).  Note the
@@ -394,13 +396,14 @@ class RoundGate {
   // starting the device) is honest about its tens of microseconds, but a
   // round or two later the same records convert within a few hundred ns:
   // they wait for that.  Infinite before the first round.
-  double tight_ns() const;
-  // Rounds taken into the model (accepted or opening a segment).
+  double tight_ns() const { return tight_; }
+  // Rounds taken into the model (taken_into_model()).
   uint64_t taken() const { return taken_; }
 
  private:
   static constexpr size_t kRounds = 64;
   uint64_t taken_ = 0;
+  double tight_ = std::numeric_limits<double>::infinity();  // tight_ns(), as of the last round
   GateConfig cfg_;
   std::vector<double> recent_;  // uncertainties of the last rounds, ring
   std::vector<double> scratch_;
@@ -484,5 +487,10 @@ class DeviceClockSync {
 };
 
 const char* verdict_name(ClockSync::Verdict v);
+// Whether a round with this verdict went into the model (accepted, or
+// opening a segment).
+constexpr bool taken_into_model(ClockSync::Verdict v) {
+  return v == ClockSync::Verdict::kAccepted || v == ClockSync::Verdict::kNewSegment;
+}
 
 }  // namespace perfq
