@@ -248,9 +248,7 @@ class DeviceRecorder {
         const bool has = sync.sync().has_model();
         TraceClockModel m{source_, now_ns(), has ? sync.sync().current().to_abi() : perfq_sync_model{}};
         rec_.queue_sync(std::move(ss), has ? &m : nullptr);
-        const bool taken = r->verdict == ClockSync::Verdict::kAccepted ||
-                           r->verdict == ClockSync::Verdict::kNewSegment;
-        if (has && taken) {
+        if (has && taken_into_model(r->verdict)) {
           auto snap = snapshot(sync, r->observation);
           {
             std::lock_guard lock(model_mu_);
@@ -295,6 +293,15 @@ class DeviceRecorder {
     return trace_samples_of(source_, sr);
   }
 
+  // The drain's view of one device stream's clock.
+  struct StreamClock {
+    uint64_t last = 0;  // newest device time of the stream
+    uint32_t epoch = 0;
+    bool seen = false;
+    int64_t last_host = INT64_MIN;  // host time of its newest converted record
+    size_t held = 0;                // its records in held_: later ones wait behind them
+  };
+
   static bool device_domain(const perfq_record& r) {
     return PERFQ_FLAGS_DOMAIN(r.flags) == PERFQ_CLOCK_DEVICE;
   }
@@ -322,8 +329,11 @@ class DeviceRecorder {
   //
   // `extrapolate`: false when the model does not hold at the device's own
   // latest time (device_now_holds()): beyond the last round, records wait.
-  bool convert(const perfq_record& r, uint32_t epoch, const ModelSnapshot* m, bool force,
-               int64_t read_ns, bool extrapolate, TraceRecord* out) const {
+  //
+  // `sc`: the record's stream (stream_clock_[r.stream]).
+  bool convert(const perfq_record& r, const StreamClock& sc, uint32_t epoch,
+               const ModelSnapshot* m, bool force, int64_t read_ns, bool extrapolate,
+               TraceRecord* out) const {
     out->source = source_;
     out->rec = r;
     if (!device_domain(r)) {
@@ -340,15 +350,12 @@ class DeviceRecorder {
                             : UINT32_MAX;
     // A stream's times run forward: not before its previous record (less a
     // microsecond of model noise).
-    const auto sc = stream_clock_.find(r.stream);
-    const int64_t not_before =
-        sc != stream_clock_.end() && sc->second.last_host != INT64_MIN ? sc->second.last_host - 1000
-                                                                        : INT64_MIN;
+    const int64_t not_before = sc.last_host != INT64_MIN ? sc.last_host - 1000 : INT64_MIN;
     // Where segments overlap (around a step) the record's is the newest
     // that puts it neither before its stream's previous record nor after
     // the moment it was read; failing that, not after it was read.
     int seg = h.segment_for(r.time, lo, hi);
-    if (seg >= 0) {
+    if (seg >= 0 && h.segments().size() > 1) {
       const auto& segs = h.segments();
       int both = -1, unread = -1;
       for (int i = static_cast<int>(segs.size()) - 1; i >= 0 && both < 0; --i) {
@@ -375,12 +382,14 @@ class DeviceRecorder {
     }
     const bool current = static_cast<size_t>(seg) + 1 == h.segments().size();
     const bool beyond = current && time_diff(m->covered_device, r.time) < 0;
-    if (beyond && !force && (!extrapolate || !m->current.vouches(r.time, m->tight_ns)))
-      return false;
+    // Beyond the newest round: only where the model vouches for it.
     // Covered, but by a model looser than this device's good rounds make
     // it (fitted while the first rounds were loose): wait for a round that
     // tightens it (RoundGate::tight_ns()).
-    if (current && !force && m->current.claim_at(r.time) > m->tight_ns) return false;
+    if (current && !force &&
+        (beyond ? !extrapolate || !m->current.vouches(r.time, m->tight_ns)
+                : m->current.claim_at(r.time) > m->tight_ns))
+      return false;
     out->time_ns = static_cast<int64_t>(
         current ? m->current.to_host(r.time)
                 : h.to_host(r.time, h.segments()[static_cast<size_t>(seg)].id));
@@ -410,8 +419,7 @@ class DeviceRecorder {
   // than kBackStepNs earlier than its stream's newest opens the next
   // epoch.  LOST records carry the time of their newest drop, which may
   // precede records still queued: they neither open nor move an epoch.
-  uint32_t epoch_of(const perfq_record& r, const ModelSnapshot* m) {
-    StreamClock& sc = stream_clock_[r.stream];
+  uint32_t epoch_of(const perfq_record& r, StreamClock& sc, const ModelSnapshot* m) {
     if (!device_domain(r) || PERFQ_FLAGS_KIND(r.flags) == PERFQ_KIND_LOST) return sc.epoch;
     if (sc.seen && time_diff(r.time, sc.last) < -back_step_ticks_) {
       const int64_t jump = time_diff(sc.last, r.time);
@@ -488,11 +496,12 @@ class DeviceRecorder {
       while (!held_.empty()) {
         TraceRecord tr;
         const Held& f = held_.front();
-        if (!convert(f.rec, f.epoch, model.get(), force || t0 - f.held_ns > kMaxHoldNs, read_ns,
-                     extrapolate, &tr))
+        StreamClock& sc = stream_clock_[f.rec.stream];
+        if (!convert(f.rec, sc, f.epoch, model.get(), force || t0 - f.held_ns > kMaxHoldNs,
+                     read_ns, extrapolate, &tr))
           break;
-        take(drain, tr, out);
-        --stream_clock_[held_.front().rec.stream].held;
+        take(drain, tr, sc, out);
+        --sc.held;
         held_.pop_front();
         // Pass a long release on in batches (no bound yet: held_ is older).
         if (out.size() >= kDrainBatch) rec_.merger().push(input_, out, INT64_MIN);
@@ -505,14 +514,15 @@ class DeviceRecorder {
     frontier_.clear();
     for (const auto& r : batch) {
       TraceRecord tr;
-      const uint32_t epoch = epoch_of(r, model.get());
+      StreamClock& sc = stream_clock_[r.stream];
+      const uint32_t epoch = epoch_of(r, sc, model.get());
       // In stream order: behind a held record of its stream, a record waits.
-      const bool behind = stream_clock_[r.stream].held > 0;
-      if (!behind && convert(r, epoch, model.get(), false, read_ns, extrapolate, &tr)) {
-        if (take(drain, tr, out)) frontier_.note(r.stream, tr.time_ns);
+      const bool behind = sc.held > 0;
+      if (!behind && convert(r, sc, epoch, model.get(), false, read_ns, extrapolate, &tr)) {
+        if (take(drain, tr, sc, out)) frontier_.note(r.stream, tr.time_ns);
       } else if (held_.size() + newly_held_.size() < cap) {
         newly_held_.push_back({r, epoch, t0});
-        ++stream_clock_[r.stream].held;
+        ++sc.held;
       } else {
         ++dropped;
       }
@@ -552,11 +562,11 @@ class DeviceRecorder {
   // A converted record enters the recording (out, and the drain's
   // accounting) if it happened after the recording started; one from before
   // (stamped before the start, delivered after it) is counted and dropped.
-  bool take(DeviceDrain& drain, const TraceRecord& tr, std::vector<TraceRecord>& out) {
-    if (device_domain(tr.rec) && PERFQ_FLAGS_KIND(tr.rec.flags) != PERFQ_KIND_LOST) {
-      int64_t& last = stream_clock_[tr.rec.stream].last_host;
-      last = std::max(last, tr.time_ns);
-    }
+  // sc: the record's stream.
+  bool take(DeviceDrain& drain, const TraceRecord& tr, StreamClock& sc,
+            std::vector<TraceRecord>& out) {
+    if (device_domain(tr.rec) && PERFQ_FLAGS_KIND(tr.rec.flags) != PERFQ_KIND_LOST)
+      sc.last_host = std::max(sc.last_host, tr.time_ns);
     if (tr.time_ns < rec_.start_ns()) {
       ++before_start_;
       return false;
@@ -646,9 +656,10 @@ class DeviceRecorder {
       std::deque<Held> left;
       for (const auto& h : held_) {
         TraceRecord tr;
-        if (convert(h.rec, h.epoch, model.get(), true, INT64_MAX, false, &tr)) {
-          take(drain, tr, out);
-          --stream_clock_[h.rec.stream].held;
+        StreamClock& sc = stream_clock_[h.rec.stream];
+        if (convert(h.rec, sc, h.epoch, model.get(), true, INT64_MAX, false, &tr)) {
+          take(drain, tr, sc, out);
+          --sc.held;
         } else {
           left.push_back(h);
         }
@@ -739,13 +750,6 @@ class DeviceRecorder {
   std::vector<Held> newly_held_, overlap_;  // drain thread: hold()'s scratch
   // A step back smaller than this is jitter of the device's clock reads, not a step.
   static constexpr double kBackStepNs = 2000;
-  struct StreamClock {
-    uint64_t last = 0;  // newest device time of the stream
-    uint32_t epoch = 0;
-    bool seen = false;
-    int64_t last_host = INT64_MIN;  // host time of its newest converted record
-    size_t held = 0;                // its records in held_: later ones wait behind them
-  };
   std::map<uint16_t, StreamClock> stream_clock_;  // drain thread
   // kBackStepNs in device ticks (at least 1).
   const int64_t back_step_ticks_ =
