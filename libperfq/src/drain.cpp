@@ -76,7 +76,6 @@ void DeviceDrain::account(const perfq_record& r) {
   }
   if (!a.seen) {
     a.seen = true;
-    a.first_index = r.index;
     a.next_index = r.index;
   }
   if (r.index > a.next_index)

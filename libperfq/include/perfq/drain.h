@@ -30,7 +30,6 @@ struct StreamAccount {
   uint64_t gap_records = 0;    // indices skipped between received records
   uint64_t out_of_order = 0;   // records whose index went backwards
   uint64_t next_index = 0;     // expected index of the next record
-  uint64_t first_index = 0;    // index of the first record taken
   bool seen = false;           // a record other than LOST was taken
 };
 
