@@ -241,7 +241,7 @@ Status DeviceTransport::claim() {
 
 Result<std::unique_ptr<DeviceTransport>> open_transport(const std::string& spec) {
   if (spec.rfind("shm:", 0) == 0) {
-    const std::string path = spec.substr(4);
+    const std::string path = transport_path(spec);
     if (path.empty())
       return Status(Errc::kInvalidArgument, "device spec 'shm:' needs a path: shm:/dev/shm/NAME");
     auto r = Region::open(path);
