@@ -910,6 +910,22 @@ TEST_CASE("daemon: every figure states the device clock as devsim set it, and a 
   // The model's statement against the truth at about the host time `h`
   // (the model's reference lies within the recording: the drift over a
   // few seconds, 40 ppm of them, is far inside the margin).
+  // The words a user reads ("device clock 2.570 s ahead of the host,
+  // running 40.001 ppm fast"), numbers included, against the truth.
+  auto check_words = [&](const std::string& text, const std::string& where, double h) {
+    INFO(where << ": " << text);
+    static const std::regex re(
+        "device clock ([0-9.]+) (s|ms|us|ns) (ahead of|behind) the host, running ([0-9.]+) ppm "
+        "(fast|slow)");
+    std::smatch m;
+    REQUIRE(std::regex_search(text, m, re));
+    const double unit = m[2] == "s" ? 1e9 : m[2] == "ms" ? 1e6 : m[2] == "us" ? 1e3 : 1;
+    const double ahead = std::stod(m[1]) * unit * (m[3] == "behind" ? -1 : 1);
+    const double fast = std::stod(m[4]) * (m[5] == "slow" ? -1 : 1);
+    // The text rounds to 3 decimals of its unit.
+    CHECK(std::fabs(ahead - (offset_ns + ppm * 1e-6 * h)) < 1e6 + 0.0005 * unit);
+    CHECK(std::fabs(fast - ppm) < 2);
+  };
   auto check_standing = [&](const json& sy, const std::string& where, double h) {
     INFO(where << ": " << sy.dump());
     REQUIRE(sy.value("synchronized", false));
@@ -917,8 +933,7 @@ TEST_CASE("daemon: every figure states the device clock as devsim set it, and a 
     CHECK(std::fabs(sy["device_ahead_ns"].get<double>() - (offset_ns + ppm * 1e-6 * h)) < 1e6);
     const std::string text = sy["standing"];
     CHECK(text.rfind("device clock ", 0) == 0);
-    CHECK(text.find(" s ahead of the host, running ") != std::string::npos);
-    CHECK(text.find(" ppm fast") != std::string::npos);
+    check_words(text, where + " standing", h);
   };
 
   const std::string t1 = dir.file("first.trace");
@@ -934,8 +949,7 @@ TEST_CASE("daemon: every figure states the device clock as devsim set it, and a 
     const json j = json::parse(ctl(d, {"status", "--json"})->out());
     check_standing(j["recording"]["devices"][0]["sync"], "status --json", host_now());
     auto text = ctl(d, {"status"});
-    CHECK(text->out().find("ahead of the host, running ") != std::string::npos);
-    CHECK(text->out().find(" ppm fast") != std::string::npos);
+    check_words(text->out(), "status", host_now());
   }
   auto stop1 = ctl(d, {"stop", "--json"});
   REQUIRE(stop1->exit_code() == 0);
@@ -950,9 +964,11 @@ TEST_CASE("daemon: every figure states the device clock as devsim set it, and a 
     const json rj = json::parse(rep.out());
     check_standing(rj["sync"], resync ? "report --resync" : "report", host_now());
     CHECK(rj["sync"]["resynced"] == resync);
-    Child txt({kBin + "/perfqctl", "report", t1});
+    std::vector<std::string> text_argv = {kBin + "/perfqctl", "report", t1};
+    if (resync) text_argv.push_back("--resync");
+    Child txt(text_argv);
     REQUIRE(txt.wait(std::chrono::seconds(static_cast<int>(60 * kSlow))));
-    CHECK(txt.out().find("ahead of the host, running ") != std::string::npos);
+    check_words(txt.out(), resync ? "report --resync (text)" : "report (text)", host_now());
   }
 
   // Half a second later the device's ring holds records of no recording
