@@ -173,7 +173,9 @@ std::string csv_field(std::string_view s) {
 class CsvExport : public TraceVisitor {
  public:
   explicit CsvExport(OutFile& out) : out_(out) {}
-  Status start() { return out_.write("time_ns,source,stream,index,event,name,kind,raw_time,arg\n"); }
+  Status start() {
+    return out_.write("time_ns,source,stream,index,event,name,kind,raw_time,arg,claim_ns,converted_by\n");
+  }
   Status on_metadata(const TraceMetadata& m) override {
     names_.set_metadata(m);
     return Status::ok();
@@ -181,10 +183,13 @@ class CsvExport : public TraceVisitor {
   Status on_records(std::span<const TraceRecord> recs) override {
     line_.clear();
     for (const auto& r : recs) {
-      fmt::format_to(std::back_inserter(line_), "{},{},{},{},{},{},{},{},{}\n", r.time_ns,
+      // claim_ns empty: no bound (unsynchronized).
+      fmt::format_to(std::back_inserter(line_), "{},{},{},{},{},{},{},{},{},", r.time_ns,
                      csv_field(names_.source_name(r.source)), r.rec.stream, r.rec.index,
                      r.rec.event, csv_field(names_.event(r.source, r.rec.event).name),
                      record_kind_name(r.kind()), r.rec.time, r.rec.arg);
+      if (r.claim_ns != kClaimUnbounded) fmt::format_to(std::back_inserter(line_), "{}", r.claim_ns);
+      fmt::format_to(std::back_inserter(line_), ",{}\n", trace_conversion_name(r.conv));
     }
     return out_.write(line_);
   }

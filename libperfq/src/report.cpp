@@ -221,6 +221,7 @@ class Analyzer : public TraceVisitor {
       if (auto cm = ClockModel::from_abi(m.model); cm && cm->valid) {
         last_model_[m.source] = *cm;
         d.worst_uncertainty_ns = std::max(d.worst_uncertainty_ns, m.model.uncertainty_ns);
+        segment_model(m, *cm);
       }
       segments_[m.source].insert(m.model.segment);
     }
@@ -300,6 +301,11 @@ class Analyzer : public TraceVisitor {
         }
       }
       d.uncertainty_ns = static_cast<uint64_t>(std::ceil(d.standing.bound_ns));
+      if (auto c = claims_.find(src); c != claims_.end()) {
+        d.claims = c->second.totals;
+        d.claims.claim_ns = c->second.hist.summary();
+        d.segment_list = c->second.segments;
+      }
       r_.sync.push_back(d);
     }
     r_.jobs.count = job_count_;
@@ -363,6 +369,7 @@ class Analyzer : public TraceVisitor {
     last_ = std::max(last_, t);
     if (is_device(in.source)) {
       ++r_.records_device;
+      claim(in);
     } else {
       ++r_.records_host;
     }
@@ -413,6 +420,50 @@ class Analyzer : public TraceVisitor {
     }
     if (sched_) sched_event(in, t);
     if (role != kNoRole) job(role, rec.arg, t, in.source, rec.stream);
+  }
+
+  // A device record's claim, in its device's totals and in the segment its
+  // recorded time falls in (the newest that starts at or before it).
+  void claim(const TraceRecord& in) {
+    if (in.conv == TraceConversion::kNone && in.domain() != PERFQ_CLOCK_DEVICE) return;
+    ClaimState& c = claims_[in.source];
+    ++c.totals.records;
+    const bool bounded = in.conv != TraceConversion::kNone && in.claim_ns != kClaimUnbounded;
+    switch (in.conv) {
+      case TraceConversion::kNone: ++c.totals.unclaimed; break;
+      case TraceConversion::kModel: ++c.totals.by_daemon; break;
+      case TraceConversion::kDevice: ++c.totals.by_device; break;
+      case TraceConversion::kForced: ++c.totals.forced; break;
+      default: ++c.totals.unclaimed; break;
+    }
+    if (in.conv != TraceConversion::kNone && in.claim_ns == kClaimUnbounded) ++c.totals.unbounded;
+    if (bounded) c.hist.add(in.claim_ns);
+    auto& segs = c.segments;
+    if (segs.empty()) return;
+    auto it = std::upper_bound(segs.begin(), segs.end(), in.time_ns,
+                               [](int64_t t, const ReportSegment& s) { return t < s.from_ns; });
+    ReportSegment& sg = it == segs.begin() ? segs.front() : *(it - 1);
+    ++sg.records;
+    if (bounded) sg.worst_claim_ns = std::max<uint64_t>(sg.worst_claim_ns, in.claim_ns);
+    if (in.conv != TraceConversion::kNone && in.claim_ns == kClaimUnbounded) ++sg.unbounded;
+  }
+
+  // A stored model in its segment's entry (segments by the host time their
+  // first model starts them at; the first from the recording's start).
+  void segment_model(const TraceClockModel& m, const ClockModel& cm) {
+    auto& segs = claims_[m.source].segments;
+    auto it = std::find_if(segs.begin(), segs.end(),
+                           [&](const ReportSegment& s) { return s.segment == m.model.segment; });
+    if (it == segs.end()) {
+      ReportSegment s;
+      s.segment = m.model.segment;
+      s.from_ns = segs.empty() ? INT64_MIN : static_cast<int64_t>(cm.to_host(cm.valid_from_device));
+      if (!segs.empty()) s.from_ns = std::max(s.from_ns, segs.back().from_ns);
+      segs.push_back(s);
+      it = segs.end() - 1;
+    }
+    ++it->models;
+    it->worst_model_ns = std::max<uint64_t>(it->worst_model_ns, m.model.uncertainty_ns);
   }
 
   // Scheduler state of the threads, from their switch events; any sign of
@@ -511,6 +562,12 @@ class Analyzer : public TraceVisitor {
   std::map<uint16_t, ReportSync> sync_;
   std::map<uint16_t, std::set<uint32_t>> segments_;
   std::map<uint16_t, ClockModel> last_model_;  // the newest valid model per device
+  struct ClaimState {
+    ReportClaims totals;
+    LatencyHistogram hist;
+    std::vector<ReportSegment> segments;  // in host-time order
+  };
+  std::map<uint16_t, ClaimState> claims_;
   std::unordered_map<uint64_t, Job> jobs_;
   uint64_t job_count_ = 0;
   LatencyHistogram lat_[3];
@@ -702,6 +759,29 @@ std::string report_to_json(const TraceReport& r) {
     o["models"] = d.models;
     o["segments"] = d.segments;
     o["resynced"] = d.resynced;
+    const ReportClaims& c = d.claims;
+    ordered_json cl = {{"records", c.records},
+                       {"by_daemon", c.by_daemon},
+                       {"by_device", c.by_device},
+                       {"forced", c.forced},
+                       {"unbounded", c.unbounded},
+                       {"unclaimed", c.unclaimed},
+                       {"worst_ns", c.claim_ns.max},
+                       {"p50_ns", c.claim_ns.p50},
+                       {"p99_ns", c.claim_ns.p99}};
+    o["claims"] = cl;
+    ordered_json segs = ordered_json::array();
+    for (const auto& sg : d.segment_list) {
+      ordered_json so = {{"segment", sg.segment}};
+      if (sg.from_ns != INT64_MIN) so["from_ns"] = sg.from_ns;
+      so["models"] = sg.models;
+      so["worst_model_ns"] = sg.worst_model_ns;
+      so["records"] = sg.records;
+      so["worst_claim_ns"] = sg.worst_claim_ns;
+      so["unbounded"] = sg.unbounded;
+      segs.push_back(so);
+    }
+    o["segment_list"] = segs;
     return o;
   };
   for (const auto& d : r.sync) {
@@ -773,6 +853,39 @@ std::string dist_text(const LatencyStats& d) {
                      ns_text(d.p50), ns_text(d.p90), ns_text(d.p99), ns_text(d.max));
 }
 
+// The claims of a device's recorded times, and per segment where there
+// are several: what a reader may trust of each part of the recording.
+template <class Line>
+void claims_text(const ReportSync& d, Line& line) {
+  const ReportClaims& c = d.claims;
+  if (c.records == 0) return;
+  std::string how;
+  auto part = [&how](uint64_t n, const char* what) {
+    if (n) how += fmt::format("{}{} {}", how.empty() ? "" : ", ", n, what);
+  };
+  part(c.by_daemon, "by the daemon");
+  part(c.by_device, "by the device");
+  part(c.forced, "forced after the longest wait");
+  part(c.unclaimed, "with no claim stored");
+  line(fmt::format("  {:<24} times converted: {} ({})", "", c.records, how));
+  if (c.claim_ns.count)
+    line(fmt::format("  {:<24} each within its claim: p50 +-{} ns  p99 +-{} ns  worst +-{} ns", "",
+                     c.claim_ns.p50, c.claim_ns.p99, c.claim_ns.max));
+  if (c.unbounded)
+    line(fmt::format("  {:<24} UNSYNCHRONIZED: {} records have no bound (no model vouched for "
+                     "their time)",
+                     "", c.unbounded));
+  if (d.segment_list.size() < 2) return;
+  for (const auto& sg : d.segment_list) {
+    const std::string from = sg.from_ns == INT64_MIN ? "start" : std::to_string(sg.from_ns);
+    line(fmt::format("  {:<24} segment {} from {}: {} records, worst claim +-{} ns{}  ({} models, "
+                     "loosest +-{} ns)",
+                     "", sg.segment, from, sg.records, sg.worst_claim_ns,
+                     sg.unbounded ? fmt::format(", {} unsynchronized", sg.unbounded) : "",
+                     sg.models, sg.worst_model_ns));
+  }
+}
+
 }  // namespace
 
 std::string report_to_text(const TraceReport& r) {
@@ -828,6 +941,7 @@ std::string report_to_text(const TraceReport& r) {
     line(fmt::format("  {:<24} bound +-{} ns (worst of the recording +-{} ns)  samples {}  models {}  "
                      "segments {}",
                      "", d.uncertainty_ns, d.worst_uncertainty_ns, d.samples, d.models, d.segments));
+    claims_text(d, line);
   }
   for (const auto& n : r.resync_notes) line("  note: " + n);
   line("events");

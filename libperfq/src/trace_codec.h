@@ -35,8 +35,9 @@ inline void encode(uint8_t* p, const TraceRecord& r) {
   put<uint64_t>(p + 24, r.rec.arg);
   put<int64_t>(p + 32, r.time_ns);
   put<uint16_t>(p + 40, r.source);
-  put<uint16_t>(p + 42, 0);
-  put<uint32_t>(p + 44, 0);
+  put<uint8_t>(p + 42, static_cast<uint8_t>(r.conv));
+  put<uint8_t>(p + 43, 0);
+  put<uint32_t>(p + 44, r.claim_ns);
 }
 inline void decode(const uint8_t* p, TraceRecord& r) {
   r.rec.index = get<uint64_t>(p + 0);
@@ -47,6 +48,8 @@ inline void decode(const uint8_t* p, TraceRecord& r) {
   r.rec.arg = get<uint64_t>(p + 24);
   r.time_ns = get<int64_t>(p + 32);
   r.source = get<uint16_t>(p + 40);
+  r.conv = static_cast<TraceConversion>(get<uint8_t>(p + 42));
+  r.claim_ns = get<uint32_t>(p + 44);
 }
 
 inline void encode(uint8_t* p, const TraceSyncSample& s) {

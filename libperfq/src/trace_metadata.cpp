@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -219,7 +220,23 @@ const char* chunk_type_name(uint16_t type) {
 bool operator==(const TraceRecord& a, const TraceRecord& b) {
   return a.source == b.source && a.time_ns == b.time_ns && a.rec.index == b.rec.index &&
          a.rec.event == b.rec.event && a.rec.stream == b.rec.stream &&
-         a.rec.flags == b.rec.flags && a.rec.time == b.rec.time && a.rec.arg == b.rec.arg;
+         a.rec.flags == b.rec.flags && a.rec.time == b.rec.time && a.rec.arg == b.rec.arg &&
+         a.claim_ns == b.claim_ns && a.conv == b.conv;
+}
+
+const char* trace_conversion_name(TraceConversion c) {
+  switch (c) {
+    case TraceConversion::kNone: return "none";
+    case TraceConversion::kModel: return "daemon";
+    case TraceConversion::kDevice: return "device";
+    case TraceConversion::kForced: return "forced";
+  }
+  return "unknown";
+}
+
+uint32_t stored_claim(double claim_ns) {
+  if (!(claim_ns >= 0) || claim_ns >= static_cast<double>(kClaimUnbounded)) return kClaimUnbounded;
+  return static_cast<uint32_t>(std::ceil(claim_ns));
 }
 
 bool operator==(const TraceSyncSample& a, const TraceSyncSample& b) {

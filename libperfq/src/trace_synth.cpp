@@ -57,6 +57,8 @@ Result<uint64_t> write_synthetic_trace(const std::string& path, const SynthTrace
       r.rec.flags = PERFQ_FLAGS(kind, PERFQ_CLOCK_DEVICE);
       r.rec.time = static_cast<uint64_t>(h - o.device_offset_ns);
       r.time_ns = h + o.model_error_ns;
+      r.conv = TraceConversion::kModel;
+      r.claim_ns = 200;  // the model's (below)
       if (o.drop_every && stream == 0 && r.rec.index % o.drop_every == o.drop_every - 1) {
         return;  // dropped: leaves an index gap
       }

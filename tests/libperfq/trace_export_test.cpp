@@ -96,7 +96,7 @@ TEST_CASE("export csv: a header and one row per record", "[export]") {
   CHECK(s->stopped_early.empty());
   auto lines = lines_of(slurp(dir.file("out.csv")));
   REQUIRE(lines.size() == 401);
-  CHECK(lines[0] == "time_ns,source,stream,index,event,name,kind,raw_time,arg");
+  CHECK(lines[0] == "time_ns,source,stream,index,event,name,kind,raw_time,arg,claim_ns,converted_by");
   for (size_t i = 0; i < e.records.size(); ++i) {
     const TraceRecord& r = e.records[i];
     const std::string want = std::to_string(r.time_ns) + "," +
@@ -104,7 +104,8 @@ TEST_CASE("export csv: a header and one row per record", "[export]") {
                              std::to_string(r.rec.stream) + "," + std::to_string(r.rec.index) +
                              "," + std::to_string(r.rec.event) + "," + e.names[i] + "," +
                              record_kind_name(r.kind()) + "," + std::to_string(r.rec.time) + "," +
-                             std::to_string(r.rec.arg);
+                             std::to_string(r.rec.arg) + "," +
+                             (r.source == 0 ? "0,none" : "200,daemon");
     REQUIRE(lines[i + 1] == want);
   }
 }

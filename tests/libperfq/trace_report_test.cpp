@@ -277,6 +277,99 @@ TEST_CASE("report: --resync replaces a wrong online model with the offline fit",
 
 }
 
+// Each recorded device time carries its claim (TraceRecord::claim_ns): the
+// report gives them per device and per segment, so a recording whose first
+// seconds were loose says so beside its tight end.
+TEST_CASE("report: the claims of the recorded device times, per device and segment",
+          "[report]") {
+  TempDir dir("report");
+  const std::string path = dir.file("claims.pq");
+  TraceMetadata meta;
+  meta.describe_this_host();
+  TraceSource dev;
+  dev.id = 1;
+  dev.kind = TraceSourceKind::kDevice;
+  dev.name = "dev0";
+  dev.clock_hz = 1'000'000'000;
+  dev.events = {{1, PERFQ_KIND_INSTANT, "tick"}};
+  meta.sources = {dev};
+  auto w = TraceWriter::open(path, meta);
+  REQUIRE(w.is_ok());
+  // Segment 0 from the start, segment 1 from host time 2 s (a step of the
+  // device clock by +1 s: D = H - 1 s before, D = H after).
+  auto model = [](uint32_t seg, uint64_t dref, int64_t href, uint64_t unc) {
+    TraceClockModel m;
+    m.source = 1;
+    m.installed_ns = href;
+    m.model.device_ref = dref;
+    m.model.host_ref_ns = href;
+    m.model.uncertainty_ns = unc;
+    m.model.valid_from_device = dref;
+    m.model.segment = seg;
+    m.model.flags = PERFQ_SYNC_MODEL_VALID;
+    return m;
+  };
+  REQUIRE(w->append_clock_model(model(0, 0, 1'000'000'000, 40'000)).is_ok());
+  REQUIRE(w->append_clock_model(model(0, 500'000'000, 1'500'000'000, 90)).is_ok());
+  REQUIRE(w->append_clock_model(model(1, 2'000'000'000, 2'000'000'000, 120)).is_ok());
+  std::vector<TraceRecord> recs;
+  for (int i = 0; i < 300; ++i) {
+    TraceRecord r;
+    r.source = 1;
+    r.rec.index = static_cast<uint64_t>(i);
+    r.rec.event = 1;
+    r.rec.flags = PERFQ_FLAGS(PERFQ_KIND_INSTANT, PERFQ_CLOCK_DEVICE);
+    r.time_ns = 1'000'000'000 + int64_t{i} * 10'000'000;  // 1 s .. 3.99 s
+    r.rec.time = static_cast<uint64_t>(r.time_ns - (r.time_ns < 2'000'000'000 ? 1'000'000'000 : 0));
+    if (i < 10) {
+      r.conv = TraceConversion::kForced;  // waited, then the loose first model
+      r.claim_ns = i < 5 ? kClaimUnbounded : 35'000;
+    } else {
+      r.conv = TraceConversion::kModel;
+      r.claim_ns = i < 100 ? 95 : 130;
+    }
+    recs.push_back(r);
+  }
+  REQUIRE(w->append_records(recs).is_ok());
+  REQUIRE(w->close().is_ok());
+
+  auto rep = analyze_trace(path);
+  REQUIRE(rep.is_ok());
+  REQUIRE(rep->sync.size() == 1);
+  const ReportSync& d = rep->sync[0];
+  CHECK(d.claims.records == 300);
+  CHECK(d.claims.by_daemon == 290);
+  CHECK(d.claims.forced == 10);
+  CHECK(d.claims.unbounded == 5);
+  CHECK(d.claims.claim_ns.count == 295);
+  CHECK(d.claims.claim_ns.max == 35'000);
+  CHECK(d.claims.claim_ns.p50 == 130);
+  REQUIRE(d.segment_list.size() == 2);
+  CHECK(d.segment_list[0].segment == 0);
+  CHECK(d.segment_list[0].from_ns == INT64_MIN);
+  CHECK(d.segment_list[0].models == 2);
+  CHECK(d.segment_list[0].worst_model_ns == 40'000);
+  CHECK(d.segment_list[0].records == 100);
+  CHECK(d.segment_list[0].worst_claim_ns == 35'000);
+  CHECK(d.segment_list[0].unbounded == 5);
+  CHECK(d.segment_list[1].segment == 1);
+  CHECK(d.segment_list[1].from_ns == 2'000'000'000);
+  CHECK(d.segment_list[1].records == 200);
+  CHECK(d.segment_list[1].worst_claim_ns == 130);
+  CHECK(d.segment_list[1].unbounded == 0);
+
+  const auto j = nlohmann::json::parse(report_to_json(*rep));
+  const auto& c = j["sync"]["devices"][0]["claims"];
+  CHECK(c["unbounded"] == 5);
+  CHECK(c["worst_ns"] == 35'000);
+  CHECK(j["sync"]["devices"][0]["segment_list"].size() == 2);
+  const std::string text = report_to_text(*rep);
+  INFO(text);
+  CHECK(text.find("UNSYNCHRONIZED: 5 records have no bound") != std::string::npos);
+  CHECK(text.find("segment 1 from 2000000000: 200 records, worst claim +-130 ns") !=
+        std::string::npos);
+}
+
 TEST_CASE("report: losses by LOST records, loss chunks and index gaps", "[report]") {
   TempDir dir("report");
   const std::string path = dir.file("loss.pq");

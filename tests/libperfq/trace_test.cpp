@@ -80,6 +80,10 @@ TraceRecord nth_record(uint64_t i) {
   r.rec.time = 5'000'000'000ull + i * 37 + (x & 0xff);
   r.rec.arg = (i % 11 == 0) ? ~x : (x & 0xfffff);
   r.time_ns = static_cast<int64_t>(1'000'000'000 + i * 37) - (i % 1000 == 0 ? 2'000'000'000 : 0);
+  if (r.source == 7) {  // a device: every conversion and claim, unbounded among them
+    r.conv = static_cast<TraceConversion>(1 + i % 3);
+    r.claim_ns = i % 7 == 0 ? kClaimUnbounded : static_cast<uint32_t>(x >> 32);
+  }
   return r;
 }
 

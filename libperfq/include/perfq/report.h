@@ -79,6 +79,31 @@ struct ReportStream {
   uint64_t first_loss_index = 0; // index at (or just after) the first loss
 };
 
+// The bounds a device's recorded times carry (TraceRecord::claim_ns), as
+// the daemon converted them (with --resync too: the offline fit's bound is
+// ReportSync::worst_uncertainty_ns).
+struct ReportClaims {
+  uint64_t records = 0;    // records with a converted time (claim or not)
+  uint64_t by_daemon = 0;  // TraceConversion::kModel
+  uint64_t by_device = 0;  // kDevice (mode B)
+  uint64_t forced = 0;     // kForced: converted after the longest wait
+  uint64_t unbounded = 0;  // without a bound (kClaimUnbounded): unsynchronized
+  uint64_t unclaimed = 0;  // device times with no claim stored (older traces)
+  LatencyStats claim_ns;   // over the bounded claims
+};
+
+// One segment of a device's clock model (split at clock steps and rate
+// breaks), from the host time its first stored model puts its start at.
+struct ReportSegment {
+  uint32_t segment = 0;
+  int64_t from_ns = 0;      // host time (INT64_MIN: the recording's start)
+  uint64_t models = 0;
+  uint64_t worst_model_ns = 0;  // the largest uncertainty of its models
+  uint64_t records = 0;     // device records whose converted time falls in it
+  uint64_t worst_claim_ns = 0;  // their largest bounded claim
+  uint64_t unbounded = 0;   // of them, without a bound
+};
+
 // How a device's clock stands against the host's, in the one sign
 // convention of perfq/sync.h (clock_standing()): from the last clock model
 // of the recording, or from the offline fit with --resync.
@@ -93,6 +118,8 @@ struct ReportSync {
   uint64_t models = 0;          // clock models stored for the device
   uint64_t segments = 0;        // distinct segments among them
   bool resynced = false;        // figures are from the offline fit
+  ReportClaims claims;          // what the recorded times claim
+  std::vector<ReportSegment> segment_list;  // in host-time order
 };
 
 struct ReportEvent {

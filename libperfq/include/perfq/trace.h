@@ -126,11 +126,34 @@ Result<TraceMetadata> trace_metadata_from_json(const std::string& text);
 // ---------------------------------------------------------------------------
 // Items stored in chunks
 
+// How a record's host time came about (TraceRecord::conv).
+enum class TraceConversion : uint8_t {
+  kNone = 0,    // the source's own host time (host records; traces before claims)
+  kModel = 1,   // the daemon's clock model converted the device time
+  kDevice = 2,  // the device converted it (sync mode B)
+  kForced = 3,  // the daemon's model, after the record waited the longest a record
+                // may (2 s) for a model that vouches for its time: the claim is
+                // what that model claims there, however loose
+};
+const char* trace_conversion_name(TraceConversion c);
+// TraceRecord::claim_ns when the converting model bounds nothing there:
+// the time is unsynchronized.
+inline constexpr uint32_t kClaimUnbounded = UINT32_MAX;
+// A claim in ns as stored: rounded up, saturated at kClaimUnbounded
+// (anything over 4.29 s, or not finite, bounds nothing).
+uint32_t stored_claim(double claim_ns);
+
 // One record in the merged trace: the source, the 32-byte record as the
 // source wrote it (rec.time is the raw source time, in the clock domain of
-// rec.flags) and the converted host time.
+// rec.flags) and the converted host time, with the bound its conversion
+// claims.
 struct TraceRecord {
   uint16_t source = 0;
+  TraceConversion conv = TraceConversion::kNone;
+  // |time_ns - the true host time| <= claim_ns, as the converting model
+  // claims it (0 with kNone: the source's own clock; kClaimUnbounded: no
+  // bound, unsynchronized).  In source's padding: 48 bytes in all.
+  uint32_t claim_ns = 0;
   perfq_record rec{};
   int64_t time_ns = 0;  // host CLOCK_MONOTONIC ns (converted for devices)
 
@@ -139,6 +162,7 @@ struct TraceRecord {
   uint16_t domain() const { return static_cast<uint16_t>(PERFQ_FLAGS_DOMAIN(rec.flags)); }
 };
 bool operator==(const TraceRecord& a, const TraceRecord& b);
+static_assert(sizeof(TraceRecord) == 48, "the merge holds millions of these");
 
 // One sync exchange of a device: the host's bracket (H1, R2, H2) and the
 // device's (R1 before, D, R1 after).  reserved fields are not stored.  A
