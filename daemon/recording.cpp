@@ -200,6 +200,7 @@ class DeviceRecorder {
     int64_t covered_host = 0;     // its host time
     uint64_t rounds = 0;          // rounds taken into the model so far
     double tight_ns = 0;          // RoundGate::tight_ns() then
+    bool contradicted = false;    // a later round contradicts it (ClockSync::contradicted())
   };
   static constexpr uint32_t kWarmupIntervalMs = 10;
   static constexpr uint32_t kMaxFastRounds = 300;  // 3 s of 10 ms rounds at most
@@ -211,7 +212,27 @@ class DeviceRecorder {
     return std::make_shared<const ModelSnapshot>(
         ModelSnapshot{sync.sync().current(), sync.sync().history().recent(d > horizon ? d - horizon : 0),
                       d, static_cast<int64_t>(newest.host_ns), sync.gate().taken(),
-                      sync.gate().tight_ns()});
+                      sync.gate().tight_ns(), sync.sync().contradicted()});
+  }
+
+  // After a round: a round taken into the model makes the drain's model
+  // (covering up to it); one that contradicts the model leaves it, marked
+  // so (mode B's device stops converting meanwhile, and the host marks what
+  // it did convert); any other changes nothing.
+  void publish(const HostSync& sync, ClockSync::Verdict v, const SyncObservation& obs) {
+    if (!sync.sync().has_model()) return;
+    if (taken_into_model(v)) {
+      auto snap = snapshot(sync, obs);
+      std::lock_guard lock(model_mu_);
+      model_ = std::move(snap);
+    } else if (sync.sync().contradicted()) {
+      std::lock_guard lock(model_mu_);
+      if (model_ && !model_->contradicted) {
+        auto snap = std::make_shared<ModelSnapshot>(*model_);
+        snap->contradicted = true;
+        model_ = std::move(snap);
+      }
+    }
   }
 
   std::shared_ptr<const ModelSnapshot> model() const {
@@ -248,13 +269,7 @@ class DeviceRecorder {
         const bool has = sync.sync().has_model();
         TraceClockModel m{source_, now_ns(), has ? sync.sync().current().to_abi() : perfq_sync_model{}};
         rec_.queue_sync(std::move(ss), has ? &m : nullptr);
-        if (has && taken_into_model(r->verdict)) {
-          auto snap = snapshot(sync, r->observation);
-          {
-            std::lock_guard lock(model_mu_);
-            model_ = std::move(snap);
-          }
-        }
+        publish(sync, r->verdict, r->observation);
         if (has) {
           const ClockStanding st = clock_standing(sync.sync().current(), sync.rates());
           std::lock_guard lock(mu_);
@@ -306,14 +321,23 @@ class DeviceRecorder {
     return PERFQ_FLAGS_DOMAIN(r.flags) == PERFQ_CLOCK_DEVICE;
   }
 
+  // What a record knew when it was read: the host time after the read, and
+  // the model's segment then and whether a round contradicted the model.
+  struct ReadState {
+    int64_t read_ns = INT64_MAX;  // INT64_MAX: not known (nothing checks against it)
+    uint32_t segment = 0;
+    bool contradicted = false;
+  };
+  static ReadState read_state(const ModelSnapshot* m, int64_t read_ns) {
+    return {read_ns, m ? m->current.segment : 0, m && m->contradicted};
+  }
+
   // Converts r into out.  A device time is converted once a sync round
   // after it is in the model (`force`: with whatever model there is), so
-  // the fit brackets it: interpolation, not extrapolation from an older
-  // round (which, while the drift is still being learned, can be off by
-  // more than a job's cross-bus gaps), or at once when the model is
-  // settled_at() enough that extrapolating costs next to nothing.  The newest
-  // fit of the time's own segment is used; times before the last clock
-  // step use the history.
+  // the fit brackets it: interpolation, never extrapolation past the newest
+  // round, where a forward clock step the rounds have not seen yet would
+  // pass unnoticed (the host cannot tell a step from the time a record
+  // took to reach it).  The fit of the time's own segment is used.
   //
   // `epoch`: how many times the record's stream saw the device clock go
   // back (epoch_of()).  A backward step makes device times repeat; a
@@ -322,97 +346,116 @@ class DeviceRecorder {
   // step waits for the model to confirm the step (its new segment) instead
   // of passing as covered by the old segment, seconds early.
   //
-  // `read_ns`: a host time after the record was read.  It happened before
-  // then; an extrapolation that puts it later (beyond what the model
-  // claims) extrapolates across a forward clock step the model has not
-  // seen yet, and waits for a round after it instead.
-  //
-  // `extrapolate`: false when the model does not hold at the device's own
-  // latest time (device_now_holds()): beyond the last round, records wait.
+  // Around a step, a device time between the last round before it and the
+  // first after it may belong to either segment.  A segment is a candidate
+  // where it puts the time between the previous segment's last round and
+  // the next one's first; of the candidates, those that put it neither
+  // before its stream's previous record nor after it was read
+  // (`rs.read_ns`) are preferred; of those, the newest converts it, and
+  // the claim covers every one of them (a record the stream and its read
+  // time cannot place carries the step in its claim, not a false bound).
   //
   // `sc`: the record's stream (stream_clock_[r.stream]).
   bool convert(const perfq_record& r, const StreamClock& sc, uint32_t epoch,
-               const ModelSnapshot* m, bool force, int64_t read_ns, bool extrapolate,
-               TraceRecord* out) const {
+               const ModelSnapshot* m, bool force, const ReadState& rs, TraceRecord* out) const {
     out->source = source_;
     out->rec = r;
-    if (!device_domain(r)) {
-      // The drain lets D and mode B's host times through (validate_record).
-      out->time_ns = static_cast<int64_t>(r.time);  // already host time (mode B)
-      return true;
-    }
+    if (!device_domain(r)) return confirm_device_time(r, m, force, rs, out);
     if (!m) return false;
     if (!force && m->rounds < kMinModelRounds) return false;
     const PiecewiseModel& h = m->history;
+    const auto& segs = h.segments();
     const uint32_t lo = epoch < epoch_floor_.size() ? epoch_floor_[epoch] : 0;
     const uint32_t hi = epoch + 1 < epoch_floor_.size() && epoch_floor_[epoch + 1] > 0
                             ? epoch_floor_[epoch + 1] - 1
                             : UINT32_MAX;
+    const auto t_of = [&](const ClockModel& k) { return static_cast<int64_t>(k.to_host(r.time)); };
+    if (segs.size() <= 1 || m->current.segment < lo) {
+      // One segment (or none of this epoch's yet: forced, the newest).
+      if (m->current.segment < lo && !force) return false;
+      if (!force && time_diff(m->covered_device, r.time) < 0) return false;  // beyond the newest round
+      out->time_ns = t_of(m->current);
+      out->claim_ns = stored_claim(m->current.claim_at(r.time));
+      out->conv = force ? TraceConversion::kForced : TraceConversion::kModel;
+      return true;
+    }
     // A stream's times run forward: not before its previous record (less a
     // microsecond of model noise).
     const int64_t not_before = sc.last_host != INT64_MIN ? sc.last_host - 1000 : INT64_MIN;
-    // Where segments overlap (around a step) the record's is the newest
-    // that puts it neither before its stream's previous record nor after
-    // the moment it was read; failing that, not after it was read.
-    int seg = h.segment_for(r.time, lo, hi);
-    if (seg >= 0 && h.segments().size() > 1) {
-      const auto& segs = h.segments();
-      int both = -1, unread = -1;
-      for (int i = static_cast<int>(segs.size()) - 1; i >= 0 && both < 0; --i) {
-        const auto& sg = segs[static_cast<size_t>(i)];
-        if (sg.knots.empty() || sg.id < lo || sg.id > hi || r.time < sg.valid_from ||
-            r.time > sg.valid_until)
-          continue;
-        const auto t = static_cast<int64_t>(h.to_host(r.time, sg.id));
-        const bool read_after = read_ns == INT64_MAX || t <= read_ns + 20'000;
-        if (read_after && unread < 0) unread = i;
-        if (read_after && t >= not_before) both = i;
-      }
-      if (both >= 0)
-        seg = both;
-      else if (unread >= 0)
-        seg = unread;
+    struct Cand {
+      int64_t t;
+      double claim;
+      int cls;  // 2: in order and not after the read, 1: not after the read, 0: neither
+      size_t seg;  // index in segs
+    };
+    std::array<Cand, 8> cand{};
+    size_t nc = 0;
+    int best_cls = -1;
+    const size_t first = segs.size() > cand.size() ? segs.size() - cand.size() : 0;
+    for (size_t i = first; i < segs.size(); ++i) {
+      const auto& sg = segs[i];
+      if (sg.knots.empty() || sg.id < lo || sg.id > hi) continue;
+      const ClockModel k = h.model_at(r.time, sg.id);
+      const int64_t t = t_of(k);
+      const double claim = k.claim_at(r.time);
+      const double tol = claim + 1000;
+      const uint64_t from = i > 0 ? segs[i - 1].last_host : 0;
+      const uint64_t until = i + 1 < segs.size() ? segs[i + 1].first_host : 0;
+      if (from && static_cast<double>(t) < static_cast<double>(from) - tol) continue;
+      if (until && static_cast<double>(t) > static_cast<double>(until) + tol) continue;
+      const bool unread = rs.read_ns == INT64_MAX || t <= rs.read_ns + 20'000;
+      const int cls = unread ? (t >= not_before ? 2 : 1) : 0;
+      cand[nc++] = {t, claim, cls, i};
+      best_cls = std::max(best_cls, cls);
     }
-    if (seg < 0) {
-      // The step that opened this epoch has no segment yet.  Forced (the
-      // wait is over: a step too small for the model to see), the newest.
+    if (nc == 0) {
+      // No segment places it (a history cut short, say): the newest, forced.
       if (!force) return false;
-      seg = h.segment_for(r.time);
-      if (seg < 0) return false;
+      out->time_ns = t_of(h.model_at(r.time));
+      out->claim_ns = kClaimUnbounded;
+      out->conv = TraceConversion::kForced;
+      return true;
     }
-    const bool current = static_cast<size_t>(seg) + 1 == h.segments().size();
-    const bool beyond = current && time_diff(m->covered_device, r.time) < 0;
-    // Beyond the newest round: only where the model vouches for it.
-    // Covered, but by a model looser than this device's good rounds make
-    // it (fitted while the first rounds were loose): wait for a round that
-    // tightens it (RoundGate::tight_ns()).
-    if (current && !force &&
-        (beyond ? !extrapolate || !m->current.vouches(r.time, m->tight_ns)
-                : m->current.claim_at(r.time) > m->tight_ns))
-      return false;
-    out->time_ns = static_cast<int64_t>(
-        current ? m->current.to_host(r.time)
-                : h.to_host(r.time, h.segments()[static_cast<size_t>(seg)].id));
-    if (beyond && !force &&
-        static_cast<double>(out->time_ns - read_ns) > m->current.claim_at(r.time) + kClaimSlackNs)
-      return false;
+    const Cand* chosen = nullptr;
+    for (size_t i = nc; i-- > 0;)
+      if (cand[i].cls == best_cls) {
+        chosen = &cand[i];
+        break;
+      }
+    // The newest of the best is the current segment's: only once a round
+    // after the time is in (interpolation).
+    const bool current = chosen->seg + 1 == segs.size() && segs.back().id == m->current.segment;
+    if (current && !force && time_diff(m->covered_device, r.time) < 0) return false;
+    double claim = chosen->claim;
+    for (size_t i = 0; i < nc; ++i)
+      if (cand[i].cls == best_cls)
+        claim = std::max(claim, cand[i].claim +
+                                    std::fabs(static_cast<double>(cand[i].t - chosen->t)));
+    out->time_ns = chosen->t;
+    out->claim_ns = stored_claim(claim);
+    out->conv = force ? TraceConversion::kForced : TraceConversion::kModel;
     return true;
   }
 
-  // Whether the model holds at the device's own latest time
-  // (PERFQ_FEAT_DEVICE_NOW; true without it): D then converts to no later
-  // than the host time after it was posted, within the model's claim.  A
-  // forward clock step fails this at once, while the records after it may
-  // be read later than the step's size after they were stamped.
-  bool device_now_holds(const ModelSnapshot* m) const {
-    const Region& region = dev_->region();
-    if (!m || !(region.header().features & PERFQ_FEAT_DEVICE_NOW)) return true;
-    const uint64_t d = load_relaxed(&region.host_ctrl()->device_now);
-    const int64_t read_ns = now_ns();  // after d was posted
-    if (d == 0) return true;
-    const ClockModel& c = m->current;
-    return static_cast<double>(time_diff(c.to_host(d), static_cast<uint64_t>(read_ns))) <=
-           c.claim_at(d) + kClaimSlackNs;
+  // A time mode B's device converted (PERFQ_CLOCK_HOST_BY_DEVICE): the
+  // device converts only where its model (the host's, from the same
+  // rounds) claims at most its tight bound, and stops while a round
+  // contradicts the model (DeviceClockSync::convert_record()); but it
+  // cannot see a clock step before a round after it does.  So the host
+  // takes such a time once one of its own rounds after it is in: if the
+  // model's segment is still the one of when the record was read, and no
+  // round contradicted it then, the device's bound holds; otherwise the
+  // device may have converted it across a step, and the time is kept
+  // without a bound (unsynchronized).
+  bool confirm_device_time(const perfq_record& r, const ModelSnapshot* m, bool force,
+                           const ReadState& rs, TraceRecord* out) const {
+    out->time_ns = static_cast<int64_t>(r.time);
+    out->conv = TraceConversion::kDevice;
+    if (!force && (!m || time_diff(r.time, static_cast<uint64_t>(m->covered_host)) > 0)) return false;
+    const bool holds = m && !rs.contradicted && rs.segment == m->current.segment &&
+                       time_diff(r.time, static_cast<uint64_t>(m->covered_host)) <= 0;
+    out->claim_ns = holds ? stored_claim(m->tight_ns) : kClaimUnbounded;
+    return true;
   }
 
   // The stream's epoch for r (see convert()): a device-clock record more
@@ -439,10 +482,6 @@ class DeviceRecorder {
     return sc.epoch;
   }
 
-  // Room on a claim (ClockModel::claim_at()) for the checks against host
-  // times read around it.
-  static constexpr double kClaimSlackNs = 1000;
-
   // One poll: returns records consumed, or -1 when the drain must end.
   long poll_once(DeviceDrain& drain, std::vector<perfq_record>& batch,
                  std::vector<TraceRecord>& out) {
@@ -454,7 +493,8 @@ class DeviceRecorder {
     // a second must cost latency, not records.
     // At the stop, take all the device published (the ring bounds it).
     const size_t cap = draining_out_ ? SIZE_MAX : kMaxUnconverted;
-    size_t room = held_.size() < cap ? cap - held_.size() : 0;
+    const size_t waiting = held_.size() + held_host_.size();
+    size_t room = waiting < cap ? cap - waiting : 0;
     // The writer kMaxMergePending records behind (a slow disk, a starved
     // writer thread): leave the records in the ring, whose overflow the
     // device counts, rather than grow without bound here.  Nothing read
@@ -480,31 +520,36 @@ class DeviceRecorder {
       return -1;
     }
     auto model = this->model();
-    const bool extrapolate = device_now_holds(model.get());
+    const ReadState now_read = read_state(model.get(), read_ns);
     const int64_t hold_limit =
         static_cast<int64_t>(kMinModelRounds + 3) * opts_.sync_interval_ms * 1'000'000 +
         200'000'000;
-    if (model && !held_.empty() &&
-        (model != held_model_ || t0 - held_since_ > hold_limit ||
-         t0 - held_.front().held_ns > kMaxHoldNs)) {
+    const auto waited_long = [&](const std::deque<Held>& q) {
+      return !q.empty() && t0 - q.front().held_ns > kMaxHoldNs;
+    };
+    if (model && (!held_.empty() || !held_host_.empty()) &&
+        (model != held_model_ || t0 - held_since_ > hold_limit || waited_long(held_) ||
+         waited_long(held_host_))) {
       // A newer model (or the wait is over): release what it covers.  held_
       // is in time order and what a model may convert is a prefix of it
       // (covered by a round, or close enough to the newest), so the scan
       // stops at the first record it cannot convert: a model every 10 ms
       // while a million records wait must not go through all of them.
       const bool force = t0 - held_since_ > hold_limit;
-      while (!held_.empty()) {
-        TraceRecord tr;
-        const Held& f = held_.front();
-        StreamClock& sc = stream_clock_[f.rec.stream];
-        if (!convert(f.rec, sc, f.epoch, model.get(), force || t0 - f.held_ns > kMaxHoldNs,
-                     read_ns, extrapolate, &tr))
-          break;
-        take(drain, tr, sc, out);
-        --sc.held;
-        held_.pop_front();
-        // Pass a long release on in batches (no bound yet: held_ is older).
-        if (out.size() >= kDrainBatch) rec_.merger().push(input_, out, INT64_MIN);
+      for (std::deque<Held>* q : {&held_, &held_host_}) {
+        while (!q->empty()) {
+          TraceRecord tr;
+          const Held& f = q->front();
+          StreamClock& sc = stream_clock_[f.rec.stream];
+          if (!convert(f.rec, sc, f.epoch, model.get(), force || t0 - f.held_ns > kMaxHoldNs,
+                       f.read, &tr))
+            break;
+          take(drain, tr, sc, out);
+          --sc.held;
+          q->pop_front();
+          // Pass a long release on in batches (no bound yet: what waits is older).
+          if (out.size() >= kDrainBatch) rec_.merger().push(input_, out, INT64_MIN);
+        }
       }
       held_model_ = model;
       held_since_ = t0;
@@ -518,27 +563,25 @@ class DeviceRecorder {
       const uint32_t epoch = epoch_of(r, sc, model.get());
       // In stream order: behind a held record of its stream, a record waits.
       const bool behind = sc.held > 0;
-      if (!behind && convert(r, sc, epoch, model.get(), false, read_ns, extrapolate, &tr)) {
+      if (!behind && convert(r, sc, epoch, model.get(), false, now_read, &tr)) {
         if (take(drain, tr, sc, out)) frontier_.note(r.stream, tr.time_ns);
-      } else if (held_.size() + newly_held_.size() < cap) {
-        newly_held_.push_back({r, epoch, t0});
+      } else if (held_.size() + held_host_.size() + newly_held_.size() < cap) {
+        // Mode B's host times wait in arrival order (each stream's in
+        // order), device times in device-time order (hold()).
+        if (device_domain(r)) {
+          newly_held_.push_back({r, epoch, t0, now_read});
+        } else {
+          if (held_.empty() && held_host_.empty()) held_since_ = t0;
+          held_host_.push_back({r, epoch, t0, now_read});
+        }
         ++sc.held;
       } else {
         ++dropped;
       }
     }
     if (!newly_held_.empty()) hold(t0);
-    {
-      std::lock_guard lock(mu_);
-      records_ += batch.size();
-      accounts_ = drain.streams();
-      lost_ = dropped_no_clock_ += dropped;
-      for (const auto& [id, a] : accounts_) lost_ += stream_lost(a);
-      invalid_ = drain.invalid();
-      consumed_ = drain.consumed();
-      before_start_shown_ = before_start_;
-      unconverted_ = held_.size();
-    }
+    dropped_no_clock_ += dropped;
+    show_counts(drain, batch.size());
     // Everything up to t0 has been read when the poll came back short; the
     // device may still hold records up to its collector's latency.
     // Held records will land near where the current model puts the oldest
@@ -555,8 +598,23 @@ class DeviceRecorder {
       bound = model ? std::min(bound, static_cast<int64_t>(model->history.to_host(held_.front().rec.time)) -
                                           opts_.device_grace_ns)
                     : INT64_MIN;
+    if (!held_host_.empty())
+      bound = std::min(bound, static_cast<int64_t>(held_host_.front().rec.time) - opts_.device_grace_ns);
     rec_.merger().push(input_, out, bound);  // also says this input is alive
     return static_cast<long>(*n);
+  }
+
+  // The drain's counters, for status(): `read` more records read.
+  void show_counts(const DeviceDrain& drain, size_t read) {
+    std::lock_guard lock(mu_);
+    records_ += read;
+    accounts_ = drain.streams();
+    lost_ = dropped_no_clock_;
+    for (const auto& [id, a] : accounts_) lost_ += stream_lost(a);
+    invalid_ = drain.invalid();
+    consumed_ = drain.consumed();
+    before_start_shown_ = before_start_;
+    unconverted_ = held_.size() + held_host_.size();
   }
 
   // A converted record enters the recording (out, and the drain's
@@ -651,22 +709,36 @@ class DeviceRecorder {
     }
     // Records waiting for a sync round after them: wait for one (bounded),
     // then convert what is left with the newest model.
-    if (!held_.empty() && !dev_->gone()) wait_for_cover();
-    if (auto model = this->model(); model && !held_.empty()) {
-      std::deque<Held> left;
-      for (const auto& h : held_) {
-        TraceRecord tr;
-        StreamClock& sc = stream_clock_[h.rec.stream];
-        if (convert(h.rec, sc, h.epoch, model.get(), true, INT64_MAX, false, &tr)) {
-          take(drain, tr, sc, out);
-          --sc.held;
-        } else {
-          left.push_back(h);
+    if ((!held_.empty() || !held_host_.empty()) && !dev_->gone()) wait_for_cover();
+    if (auto model = this->model(); model && (!held_.empty() || !held_host_.empty())) {
+      for (std::deque<Held>* q : {&held_, &held_host_}) {
+        std::deque<Held> left;
+        for (const auto& h : *q) {
+          TraceRecord tr;
+          StreamClock& sc = stream_clock_[h.rec.stream];
+          // What a round after it covers converts as it would have; the
+          // rest with the model there is (kForced, with its claim).
+          if (convert(h.rec, sc, h.epoch, model.get(), false, h.read, &tr) ||
+              convert(h.rec, sc, h.epoch, model.get(), true, h.read, &tr)) {
+            take(drain, tr, sc, out);
+            --sc.held;
+          } else {
+            left.push_back(h);
+          }
         }
+        q->swap(left);
       }
-      held_.swap(left);
       rec_.merger().push(input_, out, INT64_MIN);
     }
+    for (const auto& h : held_host_) {  // no model at all: the device's own times, unbounded
+      TraceRecord tr;
+      StreamClock& sc = stream_clock_[h.rec.stream];
+      (void)convert(h.rec, sc, h.epoch, nullptr, true, h.read, &tr);
+      take(drain, tr, sc, out);
+    }
+    if (!held_host_.empty()) rec_.merger().push(input_, out, INT64_MIN);
+    held_host_.clear();
+    show_counts(drain, 0);  // what the last conversions took (LOST records among them)
     if (!held_.empty()) {
       std::lock_guard lock(mu_);
       error_ = std::to_string(held_.size()) +
@@ -695,7 +767,11 @@ class DeviceRecorder {
   // Runs rounds of its own (the sync thread has stopped) until one covers
   // every held record, for at most about a second.
   void wait_for_cover() {
-    const uint64_t newest = held_.back().rec.time;  // held_ is in (epoch, time) order
+    // held_ is in (epoch, time) order; held_host_ in arrival order.
+    const uint64_t newest = held_.empty() ? 0 : held_.back().rec.time;
+    int64_t newest_host = INT64_MIN;
+    for (const auto& h : held_host_)
+      newest_host = std::max(newest_host, static_cast<int64_t>(h.rec.time));
     // The sync thread's HostSync, once that thread is done with it.
     for (int i = 0; i < 400 && !sync_done_; ++i)
       std::this_thread::sleep_for(std::chrono::milliseconds(5));
@@ -709,16 +785,16 @@ class DeviceRecorder {
         continue;
       }
       if (!sync->sync().has_model()) continue;
-      auto snap = snapshot(*sync, r->observation);
       const SyncRound& sr = sync->rounds().back();
       std::vector<TraceSyncSample> ss = samples_of(sr);
       TraceClockModel m{source_, now_ns(), sync->sync().current().to_abi()};
       rec_.queue_sync(std::move(ss), &m);
-      {
-        std::lock_guard lock(model_mu_);
-        model_ = snap;
-      }
-      if (time_diff(snap->covered_device, newest) >= 0 && snap->rounds >= kMinModelRounds) return;
+      publish(*sync, r->verdict, r->observation);
+      const auto snap = model();
+      if (!snap) continue;
+      if ((held_.empty() || time_diff(snap->covered_device, newest) >= 0) &&
+          snap->covered_host >= newest_host && snap->rounds >= kMinModelRounds)
+        return;
     }
   }
 
@@ -740,12 +816,14 @@ class DeviceRecorder {
     perfq_record rec;
     uint32_t epoch;   // epoch_of() when it was read
     int64_t held_ns;  // when it began to wait
+    ReadState read;   // when it was read
   };
   // The longest a record waits for a model that vouches for it tightly
   // (RoundGate::tight_ns()); then it converts with the model there is,
   // whose claim the trace keeps with it.
   static constexpr int64_t kMaxHoldNs = 2'000'000'000;
   std::deque<Held> held_;  // drain thread: waiting for a model, in (epoch, device time) order
+  std::deque<Held> held_host_;  // drain thread: mode B's host times waiting for a round after them
   bool draining_out_ = false;       // drain thread: stopping, held_ is not capped
   std::vector<Held> newly_held_, overlap_;  // drain thread: hold()'s scratch
   // A step back smaller than this is jitter of the device's clock reads, not a step.

@@ -300,14 +300,20 @@ uint64_t PiecewiseModel::to_host_near(uint64_t d, uint64_t hint) const {
   return best ? best_h : to_host(d);
 }
 
-uint64_t PiecewiseModel::convert(const Segment& s, uint64_t d) const {
+const ClockModel& PiecewiseModel::knot_at(const Segment& s, uint64_t d) {
   const auto& k = s.knots;
   // Knots are in device-time order inside a segment.
   auto it = std::upper_bound(k.begin(), k.end(), d,
                              [](uint64_t v, const ClockModel& m) { return v < m.device_ref; });
-  if (it == k.begin()) return k.front().to_host(d);
-  const ClockModel& lo = *(it - 1);
-  if (!interpolate_ || it == k.end() || it->device_ref == lo.device_ref) return lo.to_host(d);
+  return it == k.begin() ? k.front() : *(it - 1);
+}
+
+uint64_t PiecewiseModel::convert(const Segment& s, uint64_t d) const {
+  const auto& k = s.knots;
+  const ClockModel& lo = knot_at(s, d);
+  if (!interpolate_ || d < lo.device_ref) return lo.to_host(d);
+  const auto it = k.begin() + (&lo - k.data()) + 1;
+  if (it == k.end() || it->device_ref == lo.device_ref) return lo.to_host(d);
   const ClockModel& hi = *it;
   const long double u = static_cast<long double>(d - lo.device_ref) /
                         static_cast<long double>(hi.device_ref - lo.device_ref);
@@ -330,10 +336,13 @@ uint64_t PiecewiseModel::to_host(uint64_t d, uint32_t segment) const {
 ClockModel PiecewiseModel::model_at(uint64_t d) const {
   const int i = segment_for(d);
   if (i < 0) return {};
-  const auto& k = segments_[static_cast<size_t>(i)].knots;
-  auto it = std::upper_bound(k.begin(), k.end(), d,
-                             [](uint64_t v, const ClockModel& m) { return v < m.device_ref; });
-  return it == k.begin() ? k.front() : *(it - 1);
+  return knot_at(segments_[static_cast<size_t>(i)], d);
+}
+
+ClockModel PiecewiseModel::model_at(uint64_t d, uint32_t segment) const {
+  for (const auto& s : segments_)
+    if (s.id == segment && !s.knots.empty()) return knot_at(s, d);
+  return model_at(d);
 }
 
 PiecewiseModel PiecewiseModel::recent(uint64_t from_device) const {
@@ -344,6 +353,8 @@ PiecewiseModel PiecewiseModel::recent(uint64_t from_device) const {
     c.id = s.id;
     c.valid_from = s.valid_from;
     c.valid_until = s.valid_until;
+    c.first_host = s.first_host;
+    c.last_host = s.last_host;
     const auto& k = s.knots;
     auto it = std::upper_bound(k.begin(), k.end(), from_device,
                                [](uint64_t v, const ClockModel& m) { return v < m.device_ref; });
@@ -418,6 +429,12 @@ void ClockSync::push_knot() {
   }
 }
 
+void ClockSync::note_observed(const SyncObservation& o) {
+  auto& seg = history_.mutable_segments().back();
+  if (seg.first_host == 0) seg.first_host = o.host_ns;
+  seg.last_host = std::max(seg.last_host, o.host_ns);
+}
+
 void ClockSync::open_segment(PiecewiseModel::Segment s) {
   seg_id_ = s.id;
   history_.mutable_segments().push_back(std::move(s));
@@ -452,11 +469,13 @@ void ClockSync::start_segment(const SyncObservation* first, const SyncObservatio
   open_segment(std::move(s));
   if (first) {
     window_.push_back(*first);
+    note_observed(*first);
     inlier_.push_back(1);
     refit();
     push_knot();
   }
   window_.push_back(second);
+  note_observed(second);
   inlier_.push_back(1);
   refit();
   push_knot();
@@ -563,6 +582,7 @@ void ClockSync::start_rate_segment(const SyncObservation& a, const SyncObservati
   keep.insert(keep.end(), {a, b, c});
   for (const auto& o : keep) {
     window_.push_back(o);
+    note_observed(o);
     inlier_.push_back(1);
     refit();
     push_knot();
@@ -581,6 +601,7 @@ ClockSync::Verdict ClockSync::add(const SyncObservation& obs) {
   have_pending_ = false;  // a lone far-off observation was an outlier
   have_pending2_ = false;
   window_.push_back(obs);
+  note_observed(obs);
   inlier_.push_back(1);
   if (window_.size() > cfg_.window) {
     window_.erase(window_.begin());
@@ -849,7 +870,12 @@ bool DeviceClockSync::convert_record(perfq_record* r) const {
   // The host's rule for extrapolating past the newest round: a time the
   // model does not vouch for stays in D, and the host converts it once a
   // round after it is in (the same rounds give the host the same model).
-  if (gate_.taken() < kMinModelRounds || !sync_.current().vouches(r->time, gate_.tight_ns())) return false;
+  // Nor while the newest round contradicts the model (a clock step or a
+  // rate break waiting for confirmation): the host marks what was
+  // converted before that round came as possibly across a step.
+  if (gate_.taken() < kMinModelRounds || sync_.contradicted() ||
+      !sync_.current().vouches(r->time, gate_.tight_ns()))
+    return false;
   r->time = to_host(r->time);
   r->flags = static_cast<uint16_t>((r->flags & ~PERFQ_FLAGS_DOMAIN_MASK) |
                                    (PERFQ_CLOCK_HOST_BY_DEVICE << PERFQ_FLAGS_DOMAIN_SHIFT));

@@ -230,6 +230,11 @@ class PiecewiseModel {
     uint32_t id = 0;
     uint64_t valid_from = 0;   // device time range this segment claims
     uint64_t valid_until = UINT64_MAX;
+    // Host times of the first and last observation fitted into it (0 when
+    // not known: the offline fit leaves them): it was in effect between the
+    // previous segment's last_host and the next one's first_host.
+    uint64_t first_host = 0;
+    uint64_t last_host = 0;
     std::vector<ClockModel> knots;
   };
 
@@ -257,8 +262,10 @@ class PiecewiseModel {
   // Host time of d (0 when empty).
   uint64_t to_host(uint64_t device_time) const;
   uint64_t to_host(uint64_t device_time, uint32_t segment) const;
-  // The model used for d (valid = false when empty).
+  // The model used for d (valid = false when empty): the knot at or before
+  // it (its first knot before the first), in its segment or in `segment`.
   ClockModel model_at(uint64_t device_time) const;
+  ClockModel model_at(uint64_t device_time, uint32_t segment) const;
   // Every knot as an ABI model, for the trace file.
   std::vector<perfq_sync_model> to_abi() const;
   // The same model for device times from `from_device` on: each segment
@@ -269,6 +276,7 @@ class PiecewiseModel {
   PiecewiseModel recent(uint64_t from_device) const;
 
  private:
+  static const ClockModel& knot_at(const Segment& s, uint64_t d);  // s.knots not empty
   uint64_t convert(const Segment& s, uint64_t d) const;
   bool interpolate_;
   std::vector<Segment> segments_;
@@ -322,6 +330,8 @@ class ClockSync {
  private:
   // Makes s the current segment, with an empty window and nothing pending.
   void open_segment(PiecewiseModel::Segment s);
+  // An observation went into the current segment's window: its host span.
+  void note_observed(const SyncObservation& o);
   void start_segment(const SyncObservation* first, const SyncObservation& second);
   // Far-off observations that agree on no one offset but on one line: the
   // clock runs at a rate the model does not know (a mis-declared clock or
