@@ -18,6 +18,7 @@
 #include "perfq/drain.h"
 #include "perfq/host_sync.h"
 #include "perfq/kernel_events.h"
+#include "perfq/online_convert.h"
 #include "perfq/pci_scan.h"
 #include "perfq/sync.h"
 #include "perfq/timer.h"
@@ -61,7 +62,7 @@ class DeviceRecorder {
   // backlog: records the ring held before the start, skipped unread.
   DeviceRecorder(Recording& rec, uint16_t source, std::unique_ptr<DeviceTransport> dev,
                  uint64_t backlog)
-      : rec_(rec), source_(source), dev_(std::move(dev)) {
+      : rec_(rec), source_(source), dev_(std::move(dev)), conv_(OnlineConverter::Options{}) {
     before_start_ = backlog;
     before_start_shown_ = backlog;
   }
@@ -91,6 +92,21 @@ class DeviceRecorder {
 
   void start(const RecordingOptions& o) {
     opts_ = o;
+    OnlineConverter::Options co;
+    co.source = source_;
+    co.device_clock_hz = dev_->region().header().device_clock_hz;
+    co.max_waiting = SIZE_MAX;  // poll_once() reads no more than kMaxUnconverted may wait
+    // Rounds stop being taken (a device whose every round is loose): once
+    // the first rounds' worth and a little more has gone by, what waits
+    // converts with the model there is.
+    co.stale_model_ns =
+        static_cast<int64_t>(kMinModelRounds + 3) * o.sync_interval_ms * 1'000'000 + 200'000'000;
+    co.on_back_step = [spec = dev_->spec()](uint16_t stream, int64_t ticks) {
+      spdlog::info("{}: the device clock went back {} ticks (stream {}): its times after that "
+                   "wait for the model to see the step",
+                   spec, ticks, stream);
+    };
+    conv_ = OnlineConverter(std::move(co));
     input_ = rec_.merger().add_input(dev_->spec(), now_ns() - o.device_grace_ns);
     HostSyncOptions so;
     so.mode = o.sync_mode;
@@ -188,32 +204,12 @@ class DeviceRecorder {
     return state_ == "gone" || state_ == "failed";
   }
 
- private:
-  // The clock model the drain converts with, replaced by the sync thread
-  // after every round the model took in: the current model, and the
-  // history of the last kSnapshotHorizonS seconds (a copy of the whole
-  // history each round would cost more with every round of a recording).
-  struct ModelSnapshot {
-    ClockModel current;
-    PiecewiseModel history;
-    uint64_t covered_device = 0;  // device time of the newest observation in it
-    int64_t covered_host = 0;     // its host time
-    uint64_t rounds = 0;          // rounds taken into the model so far
-    double tight_ns = 0;          // RoundGate::tight_ns() then
-    bool contradicted = false;    // a later round contradicts it (ClockSync::contradicted())
-  };
   static constexpr uint32_t kWarmupIntervalMs = 10;
   static constexpr uint32_t kMaxFastRounds = 300;  // 3 s of 10 ms rounds at most
-  static std::shared_ptr<const ModelSnapshot> snapshot(const HostSync& sync,
-                                                       const SyncObservation& newest) {
-    const auto horizon = static_cast<uint64_t>(kSnapshotHorizonS *
-                                               static_cast<double>(sync.rates().device_hz));
-    const uint64_t d = newest.device_time;
-    return std::make_shared<const ModelSnapshot>(
-        ModelSnapshot{sync.sync().current(), sync.sync().history().recent(d > horizon ? d - horizon : 0),
-                      d, static_cast<int64_t>(newest.host_ns), sync.gate().taken(),
-                      sync.gate().tight_ns(), sync.sync().contradicted()});
-  }
+
+ private:
+  // The clock model the drain converts with (ConversionModel::of()),
+  // replaced by the sync thread after every round the model took in.
 
   // After a round: a round taken into the model makes the drain's model
   // (covering up to it); one that contradicts the model leaves it, marked
@@ -222,20 +218,16 @@ class DeviceRecorder {
   void publish(const HostSync& sync, ClockSync::Verdict v, const SyncObservation& obs) {
     if (!sync.sync().has_model()) return;
     if (taken_into_model(v)) {
-      auto snap = snapshot(sync, obs);
+      auto snap = ConversionModel::of(sync, obs, kSnapshotHorizonS);
       std::lock_guard lock(model_mu_);
       model_ = std::move(snap);
     } else if (sync.sync().contradicted()) {
       std::lock_guard lock(model_mu_);
-      if (model_ && !model_->contradicted) {
-        auto snap = std::make_shared<ModelSnapshot>(*model_);
-        snap->contradicted = true;
-        model_ = std::move(snap);
-      }
+      if (model_ && !model_->contradicted) model_ = model_->contradicted_copy();
     }
   }
 
-  std::shared_ptr<const ModelSnapshot> model() const {
+  std::shared_ptr<const ConversionModel> model() const {
     std::lock_guard lock(model_mu_);
     return model_;
   }
@@ -308,180 +300,6 @@ class DeviceRecorder {
     return trace_samples_of(source_, sr);
   }
 
-  // The drain's view of one device stream's clock.
-  struct StreamClock {
-    uint64_t last = 0;  // newest device time of the stream
-    uint32_t epoch = 0;
-    bool seen = false;
-    int64_t last_host = INT64_MIN;  // host time of its newest converted record
-    size_t held = 0;                // its records in held_: later ones wait behind them
-  };
-
-  static bool device_domain(const perfq_record& r) {
-    return PERFQ_FLAGS_DOMAIN(r.flags) == PERFQ_CLOCK_DEVICE;
-  }
-
-  // What a record knew when it was read: the host time after the read, and
-  // the model's segment then and whether a round contradicted the model.
-  struct ReadState {
-    int64_t read_ns = INT64_MAX;  // INT64_MAX: not known (nothing checks against it)
-    uint32_t segment = 0;
-    bool contradicted = false;
-  };
-  static ReadState read_state(const ModelSnapshot* m, int64_t read_ns) {
-    return {read_ns, m ? m->current.segment : 0, m && m->contradicted};
-  }
-
-  // Converts r into out.  A device time is converted once a sync round
-  // after it is in the model (`force`: with whatever model there is), so
-  // the fit brackets it: interpolation, never extrapolation past the newest
-  // round, where a forward clock step the rounds have not seen yet would
-  // pass unnoticed (the host cannot tell a step from the time a record
-  // took to reach it).  The fit of the time's own segment is used.
-  //
-  // `epoch`: how many times the record's stream saw the device clock go
-  // back (epoch_of()).  A backward step makes device times repeat; a
-  // record of epoch e converts only with the segments that began after
-  // the step that opened e and before the next one, so a time after the
-  // step waits for the model to confirm the step (its new segment) instead
-  // of passing as covered by the old segment, seconds early.
-  //
-  // Around a step, a device time between the last round before it and the
-  // first after it may belong to either segment.  A segment is a candidate
-  // where it puts the time between the previous segment's last round and
-  // the next one's first; of the candidates, those that put it neither
-  // before its stream's previous record nor after it was read
-  // (`rs.read_ns`) are preferred; of those, the newest converts it, and
-  // the claim covers every one of them (a record the stream and its read
-  // time cannot place carries the step in its claim, not a false bound).
-  //
-  // `sc`: the record's stream (stream_clock_[r.stream]).
-  bool convert(const perfq_record& r, const StreamClock& sc, uint32_t epoch,
-               const ModelSnapshot* m, bool force, const ReadState& rs, TraceRecord* out) const {
-    out->source = source_;
-    out->rec = r;
-    if (!device_domain(r)) return confirm_device_time(r, m, force, rs, out);
-    if (!m) return false;
-    if (!force && m->rounds < kMinModelRounds) return false;
-    const PiecewiseModel& h = m->history;
-    const auto& segs = h.segments();
-    const uint32_t lo = epoch < epoch_floor_.size() ? epoch_floor_[epoch] : 0;
-    const uint32_t hi = epoch + 1 < epoch_floor_.size() && epoch_floor_[epoch + 1] > 0
-                            ? epoch_floor_[epoch + 1] - 1
-                            : UINT32_MAX;
-    const auto t_of = [&](const ClockModel& k) { return static_cast<int64_t>(k.to_host(r.time)); };
-    if (segs.size() <= 1 || m->current.segment < lo) {
-      // One segment (or none of this epoch's yet: forced, the newest).
-      if (m->current.segment < lo && !force) return false;
-      if (!force && time_diff(m->covered_device, r.time) < 0) return false;  // beyond the newest round
-      out->time_ns = t_of(m->current);
-      out->claim_ns = stored_claim(m->current.claim_at(r.time));
-      out->conv = force ? TraceConversion::kForced : TraceConversion::kModel;
-      return true;
-    }
-    // A stream's times run forward: not before its previous record (less a
-    // microsecond of model noise).
-    const int64_t not_before = sc.last_host != INT64_MIN ? sc.last_host - 1000 : INT64_MIN;
-    struct Cand {
-      int64_t t;
-      double claim;
-      int cls;  // 2: in order and not after the read, 1: not after the read, 0: neither
-      size_t seg;  // index in segs
-    };
-    std::array<Cand, 8> cand{};
-    size_t nc = 0;
-    int best_cls = -1;
-    const size_t first = segs.size() > cand.size() ? segs.size() - cand.size() : 0;
-    for (size_t i = first; i < segs.size(); ++i) {
-      const auto& sg = segs[i];
-      if (sg.knots.empty() || sg.id < lo || sg.id > hi) continue;
-      const ClockModel k = h.model_at(r.time, sg.id);
-      const int64_t t = t_of(k);
-      const double claim = k.claim_at(r.time);
-      const double tol = claim + 1000;
-      const uint64_t from = i > 0 ? segs[i - 1].last_host : 0;
-      const uint64_t until = i + 1 < segs.size() ? segs[i + 1].first_host : 0;
-      if (from && static_cast<double>(t) < static_cast<double>(from) - tol) continue;
-      if (until && static_cast<double>(t) > static_cast<double>(until) + tol) continue;
-      const bool unread = rs.read_ns == INT64_MAX || t <= rs.read_ns + 20'000;
-      const int cls = unread ? (t >= not_before ? 2 : 1) : 0;
-      cand[nc++] = {t, claim, cls, i};
-      best_cls = std::max(best_cls, cls);
-    }
-    if (nc == 0) {
-      // No segment places it (a history cut short, say): the newest, forced.
-      if (!force) return false;
-      out->time_ns = t_of(h.model_at(r.time));
-      out->claim_ns = kClaimUnbounded;
-      out->conv = TraceConversion::kForced;
-      return true;
-    }
-    const Cand* chosen = nullptr;
-    for (size_t i = nc; i-- > 0;)
-      if (cand[i].cls == best_cls) {
-        chosen = &cand[i];
-        break;
-      }
-    // The newest of the best is the current segment's: only once a round
-    // after the time is in (interpolation).
-    const bool current = chosen->seg + 1 == segs.size() && segs.back().id == m->current.segment;
-    if (current && !force && time_diff(m->covered_device, r.time) < 0) return false;
-    double claim = chosen->claim;
-    for (size_t i = 0; i < nc; ++i)
-      if (cand[i].cls == best_cls)
-        claim = std::max(claim, cand[i].claim +
-                                    std::fabs(static_cast<double>(cand[i].t - chosen->t)));
-    out->time_ns = chosen->t;
-    out->claim_ns = stored_claim(claim);
-    out->conv = force ? TraceConversion::kForced : TraceConversion::kModel;
-    return true;
-  }
-
-  // A time mode B's device converted (PERFQ_CLOCK_HOST_BY_DEVICE): the
-  // device converts only where its model (the host's, from the same
-  // rounds) claims at most its tight bound, and stops while a round
-  // contradicts the model (DeviceClockSync::convert_record()); but it
-  // cannot see a clock step before a round after it does.  So the host
-  // takes such a time once one of its own rounds after it is in: if the
-  // model's segment is still the one of when the record was read, and no
-  // round contradicted it then, the device's bound holds; otherwise the
-  // device may have converted it across a step, and the time is kept
-  // without a bound (unsynchronized).
-  bool confirm_device_time(const perfq_record& r, const ModelSnapshot* m, bool force,
-                           const ReadState& rs, TraceRecord* out) const {
-    out->time_ns = static_cast<int64_t>(r.time);
-    out->conv = TraceConversion::kDevice;
-    if (!force && (!m || time_diff(r.time, static_cast<uint64_t>(m->covered_host)) > 0)) return false;
-    const bool holds = m && !rs.contradicted && rs.segment == m->current.segment &&
-                       time_diff(r.time, static_cast<uint64_t>(m->covered_host)) <= 0;
-    out->claim_ns = holds ? stored_claim(m->tight_ns) : kClaimUnbounded;
-    return true;
-  }
-
-  // The stream's epoch for r (see convert()): a device-clock record more
-  // than kBackStepNs earlier than its stream's newest opens the next
-  // epoch.  LOST records carry the time of their newest drop, which may
-  // precede records still queued: they neither open nor move an epoch.
-  uint32_t epoch_of(const perfq_record& r, StreamClock& sc, const ModelSnapshot* m) {
-    if (!device_domain(r) || PERFQ_FLAGS_KIND(r.flags) == PERFQ_KIND_LOST) return sc.epoch;
-    if (sc.seen && time_diff(r.time, sc.last) < -back_step_ticks_) {
-      const int64_t jump = time_diff(sc.last, r.time);
-      ++sc.epoch;
-      sc.last = r.time;
-      if (epoch_floor_.size() <= sc.epoch) {
-        // Segments from the next one on are this epoch's.
-        epoch_floor_.push_back(m && !m->history.empty() ? m->history.segments().back().id + 1 : 0);
-        spdlog::info("{}: the device clock went back {} ticks (stream {}): its times after "
-                     "that wait for the model to see the step",
-                     dev_->spec(), jump, r.stream);
-      }
-    } else if (!sc.seen || time_diff(r.time, sc.last) > 0) {
-      sc.last = r.time;
-    }
-    sc.seen = true;
-    return sc.epoch;
-  }
-
   // One poll: returns records consumed, or -1 when the drain must end.
   long poll_once(DeviceDrain& drain, std::vector<perfq_record>& batch,
                  std::vector<TraceRecord>& out) {
@@ -493,7 +311,7 @@ class DeviceRecorder {
     // a second must cost latency, not records.
     // At the stop, take all the device published (the ring bounds it).
     const size_t cap = draining_out_ ? SIZE_MAX : kMaxUnconverted;
-    const size_t waiting = held_.size() + held_host_.size();
+    const size_t waiting = conv_.waiting();
     size_t room = waiting < cap ? cap - waiting : 0;
     // The writer kMaxMergePending records behind (a slow disk, a starved
     // writer thread): leave the records in the ring, whose overflow the
@@ -508,7 +326,7 @@ class DeviceRecorder {
       ++writer_waits_;
     }
     auto n = room ? drain.poll(batch, std::min(kDrainBatch, room)) : Result<size_t>(size_t{0});
-    const int64_t read_ns = now_ns();  // everything in batch (and held_) was read before
+    const int64_t read_ns = now_ns();  // everything in batch was read before
     if (dev_->gone()) {
       // The mapping was revoked under us: what this poll read is not data.
       set_state("gone", dev_->spec() + ": the device is gone (removed or reset); the trace "
@@ -520,72 +338,23 @@ class DeviceRecorder {
       return -1;
     }
     auto model = this->model();
-    const ReadState now_read = read_state(model.get(), read_ns);
-    const int64_t hold_limit =
-        static_cast<int64_t>(kMinModelRounds + 3) * opts_.sync_interval_ms * 1'000'000 +
-        200'000'000;
-    const auto waited_long = [&](const std::deque<Held>& q) {
-      return !q.empty() && t0 - q.front().held_ns > kMaxHoldNs;
-    };
-    if (model && (!held_.empty() || !held_host_.empty()) &&
-        (model != held_model_ || t0 - held_since_ > hold_limit || waited_long(held_) ||
-         waited_long(held_host_))) {
-      // A newer model (or the wait is over): release what it covers.  held_
-      // is in time order and what a model may convert is a prefix of it
-      // (covered by a round, or close enough to the newest), so the scan
-      // stops at the first record it cannot convert: a model every 10 ms
-      // while a million records wait must not go through all of them.
-      const bool force = t0 - held_since_ > hold_limit;
-      for (std::deque<Held>* q : {&held_, &held_host_}) {
-        while (!q->empty()) {
-          TraceRecord tr;
-          const Held& f = q->front();
-          StreamClock& sc = stream_clock_[f.rec.stream];
-          if (!convert(f.rec, sc, f.epoch, model.get(), force || t0 - f.held_ns > kMaxHoldNs,
-                       f.read, &tr))
-            break;
-          take(drain, tr, sc, out);
-          --sc.held;
-          q->pop_front();
-          // Pass a long release on in batches (no bound yet: what waits is older).
-          if (out.size() >= kDrainBatch) rec_.merger().push(input_, out, INT64_MIN);
-        }
-      }
-      held_model_ = model;
-      held_since_ = t0;
+    // A newer model (or the wait is over): what waits and it converts,
+    // passed on in batches (no bound yet: what waits is older).
+    while (!conv_.release(model, t0, out, kDrainBatch)) {
+      admit(drain, out, 0);
+      rec_.merger().push(input_, out, INT64_MIN);
     }
-    uint64_t dropped = 0;
-    newly_held_.clear();
+    admit(drain, out, 0);
+    const size_t fresh = out.size();
+    const uint64_t dropped = conv_.feed(batch, model.get(), t0, read_ns, out);
+    admit(drain, out, fresh);
     frontier_.clear();
-    for (const auto& r : batch) {
-      TraceRecord tr;
-      StreamClock& sc = stream_clock_[r.stream];
-      const uint32_t epoch = epoch_of(r, sc, model.get());
-      // In stream order: behind a held record of its stream, a record waits.
-      const bool behind = sc.held > 0;
-      if (!behind && convert(r, sc, epoch, model.get(), false, now_read, &tr)) {
-        if (take(drain, tr, sc, out)) frontier_.note(r.stream, tr.time_ns);
-      } else if (held_.size() + held_host_.size() + newly_held_.size() < cap) {
-        // Mode B's host times wait in arrival order (each stream's in
-        // order), device times in device-time order (hold()).
-        if (device_domain(r)) {
-          newly_held_.push_back({r, epoch, t0, now_read});
-        } else {
-          if (held_.empty() && held_host_.empty()) held_since_ = t0;
-          held_host_.push_back({r, epoch, t0, now_read});
-        }
-        ++sc.held;
-      } else {
-        ++dropped;
-      }
-    }
-    if (!newly_held_.empty()) hold(t0);
+    for (size_t i = fresh; i < out.size(); ++i) frontier_.note(out[i].rec.stream, out[i].time_ns);
     dropped_no_clock_ += dropped;
     show_counts(drain, batch.size());
     // Everything up to t0 has been read when the poll came back short; the
     // device may still hold records up to its collector's latency.
-    // Held records will land near where the current model puts the oldest
-    // of them (less the device latency, for what the model does not know).
+    // What waits lands no earlier than OnlineConverter::waiting_bound().
     // A full poll (the drain is behind the device) read each of its
     // streams up to some time: StreamFrontier.  Without that bound the
     // merge could release nothing while the drain is behind, and the
@@ -594,12 +363,7 @@ class DeviceRecorder {
     const bool caught_up = *n < std::min(kDrainBatch, room);
     int64_t bound = caught_up ? t0 - opts_.device_grace_ns : INT64_MIN;
     if (!caught_up) bound = frontier_.bound(t0, opts_.device_grace_ns);
-    if (!held_.empty())
-      bound = model ? std::min(bound, static_cast<int64_t>(model->history.to_host(held_.front().rec.time)) -
-                                          opts_.device_grace_ns)
-                    : INT64_MIN;
-    if (!held_host_.empty())
-      bound = std::min(bound, static_cast<int64_t>(held_host_.front().rec.time) - opts_.device_grace_ns);
+    bound = std::min(bound, conv_.waiting_bound(model.get(), opts_.device_grace_ns));
     rec_.merger().push(input_, out, bound);  // also says this input is alive
     return static_cast<long>(*n);
   }
@@ -614,44 +378,25 @@ class DeviceRecorder {
     invalid_ = drain.invalid();
     consumed_ = drain.consumed();
     before_start_shown_ = before_start_;
-    unconverted_ = held_.size() + held_host_.size();
+    unconverted_ = conv_.waiting();
   }
 
-  // A converted record enters the recording (out, and the drain's
-  // accounting) if it happened after the recording started; one from before
-  // (stamped before the start, delivered after it) is counted and dropped.
-  // sc: the record's stream.
-  bool take(DeviceDrain& drain, const TraceRecord& tr, StreamClock& sc,
-            std::vector<TraceRecord>& out) {
-    if (device_domain(tr.rec) && PERFQ_FLAGS_KIND(tr.rec.flags) != PERFQ_KIND_LOST)
-      sc.last_host = std::max(sc.last_host, tr.time_ns);
-    if (tr.time_ns < rec_.start_ns()) {
-      ++before_start_;
-      return false;
+  // Converted records out[from..] enter the recording (and the drain's
+  // accounting) if they happened after the recording started; one from
+  // before (stamped before the start, delivered after it) is counted and
+  // dropped.
+  void admit(DeviceDrain& drain, std::vector<TraceRecord>& out, size_t from) {
+    size_t w = from;
+    for (size_t i = from; i < out.size(); ++i) {
+      if (out[i].time_ns < rec_.start_ns()) {
+        ++before_start_;
+        continue;
+      }
+      drain.account(out[i].rec);
+      if (w != i) out[w] = out[i];
+      ++w;
     }
-    drain.account(tr.rec);
-    out.push_back(tr);
-    return true;
-  }
-
-  // Adds newly_held_ to held_, keeping held_ in device time order (each
-  // stream's records come in order; the streams overlap by a batch or so).
-  void hold(int64_t t0) {
-    auto earlier = [](const Held& a, const Held& b) {
-      return a.epoch != b.epoch ? a.epoch < b.epoch : time_diff(a.rec.time, b.rec.time) < 0;
-    };
-    std::stable_sort(newly_held_.begin(), newly_held_.end(), earlier);
-    if (held_.empty()) held_since_ = t0;
-    // Take back the end of held_ that the new records overlap, then merge.
-    overlap_.clear();
-    while (!held_.empty() && earlier(newly_held_.front(), held_.back())) {
-      overlap_.push_back(held_.back());
-      held_.pop_back();
-    }
-    std::reverse(overlap_.begin(), overlap_.end());
-    // On equal times the older records (overlap_) stay first.
-    std::merge(overlap_.begin(), overlap_.end(), newly_held_.begin(), newly_held_.end(),
-               std::back_inserter(held_), earlier);
+    out.resize(w);
   }
 
   void set_state(const std::string& state, const std::string& error) {
@@ -709,43 +454,19 @@ class DeviceRecorder {
     }
     // Records waiting for a sync round after them: wait for one (bounded),
     // then convert what is left with the newest model.
-    if ((!held_.empty() || !held_host_.empty()) && !dev_->gone()) wait_for_cover();
-    if (auto model = this->model(); model && (!held_.empty() || !held_host_.empty())) {
-      for (std::deque<Held>* q : {&held_, &held_host_}) {
-        std::deque<Held> left;
-        for (const auto& h : *q) {
-          TraceRecord tr;
-          StreamClock& sc = stream_clock_[h.rec.stream];
-          // What a round after it covers converts as it would have; the
-          // rest with the model there is (kForced, with its claim).
-          if (convert(h.rec, sc, h.epoch, model.get(), false, h.read, &tr) ||
-              convert(h.rec, sc, h.epoch, model.get(), true, h.read, &tr)) {
-            take(drain, tr, sc, out);
-            --sc.held;
-          } else {
-            left.push_back(h);
-          }
-        }
-        q->swap(left);
-      }
-      rec_.merger().push(input_, out, INT64_MIN);
-    }
-    for (const auto& h : held_host_) {  // no model at all: the device's own times, unbounded
-      TraceRecord tr;
-      StreamClock& sc = stream_clock_[h.rec.stream];
-      (void)convert(h.rec, sc, h.epoch, nullptr, true, h.read, &tr);
-      take(drain, tr, sc, out);
-    }
-    if (!held_host_.empty()) rec_.merger().push(input_, out, INT64_MIN);
-    held_host_.clear();
+    if (conv_.waiting() && !dev_->gone()) wait_for_cover();
+    const auto last_model = this->model();
+    const size_t left = conv_.finish(last_model.get(), out);
+    admit(drain, out, 0);
+    rec_.merger().push(input_, out, INT64_MIN);
     show_counts(drain, 0);  // what the last conversions took (LOST records among them)
-    if (!held_.empty()) {
+    if (left) {
       std::lock_guard lock(mu_);
-      error_ = std::to_string(held_.size()) +
+      error_ = std::to_string(left) +
                " device records could not be converted (no clock model for their time: " +
                (last_sync_error_.empty() ? "too few sync rounds" : last_sync_error_) +
                "); they are not in the trace";
-      lost_ += held_.size();
+      lost_ += left;
       spdlog::error("{}: {}", dev_->spec(), error_);
     }
     {
@@ -767,11 +488,6 @@ class DeviceRecorder {
   // Runs rounds of its own (the sync thread has stopped) until one covers
   // every held record, for at most about a second.
   void wait_for_cover() {
-    // held_ is in (epoch, time) order; held_host_ in arrival order.
-    const uint64_t newest = held_.empty() ? 0 : held_.back().rec.time;
-    int64_t newest_host = INT64_MIN;
-    for (const auto& h : held_host_)
-      newest_host = std::max(newest_host, static_cast<int64_t>(h.rec.time));
     // The sync thread's HostSync, once that thread is done with it.
     for (int i = 0; i < 400 && !sync_done_; ++i)
       std::this_thread::sleep_for(std::chrono::milliseconds(5));
@@ -792,9 +508,7 @@ class DeviceRecorder {
       publish(*sync, r->verdict, r->observation);
       const auto snap = model();
       if (!snap) continue;
-      if ((held_.empty() || time_diff(snap->covered_device, newest) >= 0) &&
-          snap->covered_host >= newest_host && snap->rounds >= kMinModelRounds)
-        return;
+      if (conv_.covers_waiting(*snap)) return;
     }
   }
 
@@ -810,33 +524,11 @@ class DeviceRecorder {
   bool stop_ = false;
 
   mutable std::mutex model_mu_;
-  std::shared_ptr<const ModelSnapshot> model_;
+  std::shared_ptr<const ConversionModel> model_;
 
-  struct Held {
-    perfq_record rec;
-    uint32_t epoch;   // epoch_of() when it was read
-    int64_t held_ns;  // when it began to wait
-    ReadState read;   // when it was read
-  };
-  // The longest a record waits for a model that vouches for it tightly
-  // (RoundGate::tight_ns()); then it converts with the model there is,
-  // whose claim the trace keeps with it.
-  static constexpr int64_t kMaxHoldNs = 2'000'000'000;
-  std::deque<Held> held_;  // drain thread: waiting for a model, in (epoch, device time) order
-  std::deque<Held> held_host_;  // drain thread: mode B's host times waiting for a round after them
-  bool draining_out_ = false;       // drain thread: stopping, held_ is not capped
-  std::vector<Held> newly_held_, overlap_;  // drain thread: hold()'s scratch
-  // A step back smaller than this is jitter of the device's clock reads, not a step.
-  static constexpr double kBackStepNs = 2000;
-  std::map<uint16_t, StreamClock> stream_clock_;  // drain thread
-  // kBackStepNs in device ticks (at least 1).
-  const int64_t back_step_ticks_ =
-      static_cast<int64_t>(kBackStepNs * static_cast<double>(dev_->region().header().device_clock_hz) / 1e9) + 1;
-  // Per epoch, the lowest segment id its records may use (epoch 0: 0).
-  std::vector<uint32_t> epoch_floor_{0};  // drain thread
+  OnlineConverter conv_;  // drain thread
+  bool draining_out_ = false;  // drain thread: stopping, what waits is not capped
   StreamFrontier frontier_;  // drain thread: each stream's newest converted time in a poll
-  std::shared_ptr<const ModelSnapshot> held_model_;
-  int64_t held_since_ = 0;
   std::unique_ptr<HostSync> sync_;  // the sync thread's; the drain's after it ended
   std::atomic<bool> sync_done_{false};
   uint32_t fast_rounds_ = 0;   // the sync thread's: rounds taken at the warm-up interval

@@ -1045,7 +1045,7 @@ TEST_CASE("daemon: device times around a clock step lie within their claims",
   // Room for the truth itself (devsim reads the host clock beside the
   // device's, not at the same instant).
   constexpr double kTruthSlackNs = 200;
-  uint64_t ticks = 0, beyond = 0, loose = 0, unclaimed = 0;
+  uint64_t ticks = 0, beyond = 0, loose = 0, unclaimed = 0, forced = 0;
   double worst = 0, worst_claim = 0;
   int64_t worst_truth = 0;
   for (const auto& r : t.records) {
@@ -1062,15 +1062,20 @@ TEST_CASE("daemon: device times around a clock step lie within their claims",
         worst_truth = static_cast<int64_t>(r.rec.arg);
       }
     }
-    if (claim > 20'000) ++loose;
+    // Forced: waited 2 s for rounds a loaded machine kept loose, then
+    // converted with the model there was, claiming what it claims there.
+    if (r.conv == TraceConversion::kForced) ++forced;
+    else if (claim > 20'000) ++loose;
   }
   INFO("ticks " << ticks << ", beyond their claim " << beyond << " (worst " << worst
                 << " ns off claiming " << worst_claim << " ns, at true time " << worst_truth
-                << "), claims over 20 us " << loose << ", models " << t.model_list.size());
+                << "), claims over 20 us " << loose << " (and " << forced << " forced), models "
+                << t.model_list.size());
   CHECK(ticks > 40000);
   CHECK(unclaimed == 0);
   CHECK(beyond == 0);
-  // Honest and useful: only the records around the step may be loose.
+  // Honest and useful: only the records around the step may be loose, the
+  // step's size in their claims (those the model converted).
   CHECK(loose < ticks / 50);
 }
 

@@ -1,0 +1,333 @@
+// The online converter of device times (perfq/online_convert.h).
+#include "perfq/online_convert.h"
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <iterator>
+
+namespace perfq {
+
+namespace {
+
+bool device_domain(const perfq_record& r) { return PERFQ_FLAGS_DOMAIN(r.flags) == PERFQ_CLOCK_DEVICE; }
+
+}  // namespace
+
+std::shared_ptr<const ConversionModel> ConversionModel::of(const HostSync& sync,
+                                                           const SyncObservation& newest,
+                                                           double horizon_s) {
+  const auto horizon =
+      static_cast<uint64_t>(horizon_s * static_cast<double>(sync.rates().device_hz));
+  const uint64_t d = newest.device_time;
+  return std::make_shared<const ConversionModel>(ConversionModel{
+      sync.sync().current(), sync.sync().history().recent(d > horizon ? d - horizon : 0), d,
+      static_cast<int64_t>(newest.host_ns), sync.gate().taken(), sync.gate().tight_ns(),
+      sync.sync().contradicted()});
+}
+
+std::shared_ptr<const ConversionModel> ConversionModel::contradicted_copy() const {
+  auto c = std::make_shared<ConversionModel>(*this);
+  c->contradicted = true;
+  return c;
+}
+
+OnlineConverter::OnlineConverter(Options o)
+    : o_(std::move(o)),
+      back_step_ticks_(static_cast<int64_t>(o_.back_step_ns * static_cast<double>(o_.device_clock_hz) / 1e9) +
+                       1) {}
+
+OnlineConverter::ReadState OnlineConverter::read_state(const ConversionModel* m, int64_t read_ns) {
+  return {read_ns, m ? m->current.segment : 0, m && m->contradicted};
+}
+
+void OnlineConverter::emit(const TraceRecord& tr, StreamClock& sc, std::vector<TraceRecord>& out) {
+  if (device_domain(tr.rec) && PERFQ_FLAGS_KIND(tr.rec.flags) != PERFQ_KIND_LOST)
+    sc.last_host = std::max(sc.last_host, tr.time_ns);
+  out.push_back(tr);
+}
+
+uint64_t OnlineConverter::feed(std::span<const perfq_record> batch, const ConversionModel* m,
+                               int64_t now, int64_t read_ns, std::vector<TraceRecord>& out) {
+  const ReadState rs = read_state(m, read_ns);
+  uint64_t dropped = 0;
+  newly_held_.clear();
+  for (const auto& r : batch) {
+    TraceRecord tr;
+    StreamClock& sc = streams_[r.stream];
+    const uint32_t epoch = epoch_of(r, sc, m);
+    // In stream order: behind a waiting record of its stream, a record waits.
+    if (sc.held == 0 && convert(r, sc, epoch, m, false, rs, &tr)) {
+      emit(tr, sc, out);
+    } else if (waiting() + newly_held_.size() < o_.max_waiting) {
+      // Mode B's host times wait in arrival order (each stream's in
+      // order), device times in device-time order (hold()).
+      if (device_domain(r)) {
+        newly_held_.push_back({r, epoch, now, rs});
+      } else {
+        if (waiting() == 0) held_since_ = now;
+        held_host_.push_back({r, epoch, now, rs});
+      }
+      ++sc.held;
+    } else {
+      ++dropped;
+    }
+  }
+  if (!newly_held_.empty()) hold(now);
+  return dropped;
+}
+
+bool OnlineConverter::release(const std::shared_ptr<const ConversionModel>& m, int64_t now,
+                              std::vector<TraceRecord>& out, size_t max_out) {
+  if (!m || waiting() == 0) return true;
+  const auto waited_long = [&](const std::deque<Held>& q) {
+    return !q.empty() && now - q.front().held_ns > o_.max_wait_ns;
+  };
+  const bool stale = now - held_since_ > o_.stale_model_ns;
+  if (m == held_model_ && !stale && !waited_long(held_) && !waited_long(held_host_)) return true;
+  size_t n = 0;
+  for (std::deque<Held>* q : {&held_, &held_host_}) {
+    while (!q->empty()) {
+      if (n >= max_out) return false;
+      TraceRecord tr;
+      const Held& f = q->front();
+      StreamClock& sc = streams_[f.rec.stream];
+      if (!convert(f.rec, sc, f.epoch, m.get(), stale || now - f.held_ns > o_.max_wait_ns, f.read,
+                   &tr))
+        break;
+      emit(tr, sc, out);
+      ++n;
+      --sc.held;
+      q->pop_front();
+    }
+  }
+  held_model_ = m;
+  held_since_ = now;
+  return true;
+}
+
+size_t OnlineConverter::finish(const ConversionModel* m, std::vector<TraceRecord>& out) {
+  for (std::deque<Held>* q : {&held_, &held_host_}) {
+    std::deque<Held> left;
+    for (const auto& h : *q) {
+      TraceRecord tr;
+      StreamClock& sc = streams_[h.rec.stream];
+      // What a round after it covers converts as it would have; the rest
+      // with the model there is (kForced, with its claim); mode B's times
+      // without a model as the device gave them, unbounded.
+      if (convert(h.rec, sc, h.epoch, m, false, h.read, &tr) ||
+          convert(h.rec, sc, h.epoch, m, true, h.read, &tr)) {
+        emit(tr, sc, out);
+        --sc.held;
+      } else {
+        left.push_back(h);
+      }
+    }
+    q->swap(left);
+  }
+  return held_.size();
+}
+
+bool OnlineConverter::covers_waiting(const ConversionModel& m) const {
+  if (m.rounds < kMinModelRounds) return false;
+  // held_ is in (epoch, time) order; held_host_ in arrival order.
+  if (!held_.empty() && time_diff(m.covered_device, held_.back().rec.time) < 0) return false;
+  for (const auto& h : held_host_)
+    if (static_cast<int64_t>(h.rec.time) > m.covered_host) return false;
+  return true;
+}
+
+int64_t OnlineConverter::waiting_bound(const ConversionModel* m, int64_t grace_ns) const {
+  int64_t bound = INT64_MAX;
+  // Held device times will land near where the model puts the oldest of
+  // them (less the device latency, for what the model does not know);
+  // mode B's host times where the device put them.
+  if (!held_.empty())
+    bound = m ? static_cast<int64_t>(m->history.to_host(held_.front().rec.time)) - grace_ns
+              : INT64_MIN;
+  if (!held_host_.empty())
+    bound = std::min(bound, static_cast<int64_t>(held_host_.front().rec.time) - grace_ns);
+  return bound;
+}
+
+// The stream's epoch for r (see convert()): a device-clock record more
+// than kBackStepNs earlier than its stream's newest opens the next
+// epoch.  LOST records carry the time of their newest drop, which may
+// precede records still queued: they neither open nor move an epoch.
+uint32_t OnlineConverter::epoch_of(const perfq_record& r, StreamClock& sc,
+                                   const ConversionModel* m) {
+  if (!device_domain(r) || PERFQ_FLAGS_KIND(r.flags) == PERFQ_KIND_LOST) return sc.epoch;
+  if (sc.seen && time_diff(r.time, sc.last) < -back_step_ticks_) {
+    const int64_t jump = time_diff(sc.last, r.time);
+    ++sc.epoch;
+    sc.last = r.time;
+    if (epoch_floor_.size() <= sc.epoch) {
+      // Segments from the next one on are this epoch's.
+      epoch_floor_.push_back(m && !m->history.empty() ? m->history.segments().back().id + 1 : 0);
+      if (o_.on_back_step) o_.on_back_step(r.stream, jump);
+    }
+  } else if (!sc.seen || time_diff(r.time, sc.last) > 0) {
+    sc.last = r.time;
+  }
+  sc.seen = true;
+  return sc.epoch;
+}
+
+
+// Converts r into out.  A device time is converted once a sync round
+// after it is in the model (`force`: with whatever model there is), so
+// the fit brackets it: interpolation, never extrapolation past the newest
+// round, where a forward clock step the rounds have not seen yet would
+// pass unnoticed (the host cannot tell a step from the time a record
+// took to reach it).  The fit of the time's own segment is used.
+//
+// `epoch`: how many times the record's stream saw the device clock go
+// back (epoch_of()).  A backward step makes device times repeat; a
+// record of epoch e converts only with the segments that began after
+// the step that opened e and before the next one, so a time after the
+// step waits for the model to confirm the step (its new segment) instead
+// of passing as covered by the old segment, seconds early.
+//
+// Around a step, a device time between the last round before it and the
+// first after it may belong to either segment.  A segment is a candidate
+// where it puts the time between the previous segment's last round and
+// the next one's first; of the candidates, those that put it neither
+// before its stream's previous record nor after it was read
+// (`rs.read_ns`) are preferred; of those, the newest converts it, and
+// the claim covers every one of them (a record the stream and its read
+// time cannot place carries the step in its claim, not a false bound).
+//
+// `sc`: the record's stream (streams_[r.stream]).
+bool OnlineConverter::convert(const perfq_record& r, const StreamClock& sc, uint32_t epoch,
+                              const ConversionModel* m, bool force, const ReadState& rs,
+                              TraceRecord* out) const {
+  out->source = o_.source;
+  out->rec = r;
+  if (!device_domain(r)) return confirm_device_time(r, m, force, rs, out);
+  if (!m) return false;
+  if (!force && m->rounds < kMinModelRounds) return false;
+  const PiecewiseModel& h = m->history;
+  const auto& segs = h.segments();
+  const uint32_t lo = epoch < epoch_floor_.size() ? epoch_floor_[epoch] : 0;
+  const uint32_t hi = epoch + 1 < epoch_floor_.size() && epoch_floor_[epoch + 1] > 0
+                          ? epoch_floor_[epoch + 1] - 1
+                          : UINT32_MAX;
+  const auto t_of = [&](const ClockModel& k) { return static_cast<int64_t>(k.to_host(r.time)); };
+  if (segs.size() <= 1 || m->current.segment < lo) {
+    // One segment (or none of this epoch's yet: forced, the newest).
+    if (m->current.segment < lo && !force) return false;
+    const double claim = m->current.claim_at(r.time);
+    // Beyond the newest round, or covered by a model looser than this
+    // device's good rounds make it (fitted while the first rounds were
+    // loose): wait for a round that covers or tightens it.
+    if (!force && (time_diff(m->covered_device, r.time) < 0 || claim > m->tight_ns)) return false;
+    out->time_ns = t_of(m->current);
+    out->claim_ns = stored_claim(claim);
+    out->conv = force ? TraceConversion::kForced : TraceConversion::kModel;
+    return true;
+  }
+  // A stream's times run forward: not before its previous record (less a
+  // microsecond of model noise).
+  const int64_t not_before = sc.last_host != INT64_MIN ? sc.last_host - 1000 : INT64_MIN;
+  struct Cand {
+    int64_t t;
+    double claim;
+    int cls;  // 2: in order and not after the read, 1: not after the read, 0: neither
+    size_t seg;  // index in segs
+  };
+  std::array<Cand, 8> cand{};
+  size_t nc = 0;
+  int best_cls = -1;
+  const size_t first = segs.size() > cand.size() ? segs.size() - cand.size() : 0;
+  for (size_t i = first; i < segs.size(); ++i) {
+    const auto& sg = segs[i];
+    if (sg.knots.empty() || sg.id < lo || sg.id > hi) continue;
+    const ClockModel k = h.model_at(r.time, sg.id);
+    const int64_t t = t_of(k);
+    const double claim = k.claim_at(r.time);
+    const double tol = claim + 1000;
+    const uint64_t from = i > 0 ? segs[i - 1].last_host : 0;
+    const uint64_t until = i + 1 < segs.size() ? segs[i + 1].first_host : 0;
+    if (from && static_cast<double>(t) < static_cast<double>(from) - tol) continue;
+    if (until && static_cast<double>(t) > static_cast<double>(until) + tol) continue;
+    const bool unread = rs.read_ns == INT64_MAX || t <= rs.read_ns + 20'000;
+    const int cls = unread ? (t >= not_before ? 2 : 1) : 0;
+    cand[nc++] = {t, claim, cls, i};
+    best_cls = std::max(best_cls, cls);
+  }
+  if (nc == 0) {
+    // No segment places it (a history cut short, say): the newest, forced.
+    if (!force) return false;
+    out->time_ns = t_of(h.model_at(r.time));
+    out->claim_ns = kClaimUnbounded;
+    out->conv = TraceConversion::kForced;
+    return true;
+  }
+  const Cand* chosen = nullptr;
+  for (size_t i = nc; i-- > 0;)
+    if (cand[i].cls == best_cls) {
+      chosen = &cand[i];
+      break;
+    }
+  // The newest of the best is the current segment's: only once a round
+  // after the time is in (interpolation), and the model tight there.
+  const bool current = chosen->seg + 1 == segs.size() && segs.back().id == m->current.segment;
+  if (current && !force &&
+      (time_diff(m->covered_device, r.time) < 0 || chosen->claim > m->tight_ns))
+    return false;
+  double claim = chosen->claim;
+  for (size_t i = 0; i < nc; ++i)
+    if (cand[i].cls == best_cls)
+      claim = std::max(claim, cand[i].claim +
+                                  std::fabs(static_cast<double>(cand[i].t - chosen->t)));
+  out->time_ns = chosen->t;
+  out->claim_ns = stored_claim(claim);
+  out->conv = force ? TraceConversion::kForced : TraceConversion::kModel;
+  return true;
+}
+
+// A time mode B's device converted (PERFQ_CLOCK_HOST_BY_DEVICE): the
+// device converts only where its model (the host's, from the same
+// rounds) claims at most its tight bound, and stops while a round
+// contradicts the model (DeviceClockSync::convert_record()); but it
+// cannot see a clock step before a round after it does.  So the host
+// takes such a time once one of its own rounds after it is in: if the
+// model's segment is still the one of when the record was read, and no
+// round contradicted it then, the device's bound holds; otherwise the
+// device may have converted it across a step, and the time is kept
+// without a bound (unsynchronized).
+bool OnlineConverter::confirm_device_time(const perfq_record& r, const ConversionModel* m,
+                                          bool force, const ReadState& rs,
+                                          TraceRecord* out) const {
+  out->time_ns = static_cast<int64_t>(r.time);
+  out->conv = TraceConversion::kDevice;
+  if (!force && (!m || time_diff(r.time, static_cast<uint64_t>(m->covered_host)) > 0)) return false;
+  const bool holds = m && !rs.contradicted && rs.segment == m->current.segment &&
+                     time_diff(r.time, static_cast<uint64_t>(m->covered_host)) <= 0;
+  out->claim_ns = holds ? stored_claim(m->tight_ns) : kClaimUnbounded;
+  return true;
+}
+
+
+// Adds newly_held_ to held_, keeping held_ in device time order (each
+// stream's records come in order; the streams overlap by a batch or so).
+void OnlineConverter::hold(int64_t t0) {
+  auto earlier = [](const Held& a, const Held& b) {
+    return a.epoch != b.epoch ? a.epoch < b.epoch : time_diff(a.rec.time, b.rec.time) < 0;
+  };
+  std::stable_sort(newly_held_.begin(), newly_held_.end(), earlier);
+  if (held_.empty()) held_since_ = t0;
+  // Take back the end of held_ that the new records overlap, then merge.
+  overlap_.clear();
+  while (!held_.empty() && earlier(newly_held_.front(), held_.back())) {
+    overlap_.push_back(held_.back());
+    held_.pop_back();
+  }
+  std::reverse(overlap_.begin(), overlap_.end());
+  // On equal times the older records (overlap_) stay first.
+  std::merge(overlap_.begin(), overlap_.end(), newly_held_.begin(), newly_held_.end(),
+             std::back_inserter(held_), earlier);
+}
+
+
+}  // namespace perfq

@@ -1,0 +1,272 @@
+// Tests of perfq/online_convert.h: the one online conversion policy, with
+// a simulated device clock (offset, drift, a step) and rounds fed to the
+// sync module as the daemon's sync thread feeds them.  Every converted
+// time is checked against the truth and against its own claim.
+#include <catch2/catch.hpp>
+#include <cmath>
+#include <random>
+
+#include "perfq/online_convert.h"
+
+namespace perfq {
+namespace {
+
+constexpr uint64_t kH0 = 1'000'000'000'000ull;  // host time of the first round
+constexpr int64_t kRoundNs = 100'000'000;       // rounds every 100 ms
+
+// A device clock D(H) = H + offset + drift * (H - kH0), stepping by `step`
+// at host time step_at.
+struct Clock {
+  int64_t offset = 3'000'000'000;
+  long double drift = 40e-6L;
+  uint64_t step_at = UINT64_MAX;
+  int64_t step = 0;
+  uint64_t d(uint64_t h) const {
+    const long double x = static_cast<long double>(h - kH0);
+    return static_cast<uint64_t>(static_cast<int64_t>(h) + offset +
+                                 static_cast<int64_t>(std::llround(drift * x)) +
+                                 (h >= step_at ? step : 0));
+  }
+};
+
+// The sync thread's side: rounds into a ClockSync and a RoundGate, and the
+// model the converter gets after each.
+struct Rounds {
+  const Clock& clock;
+  ClockSync sync{ClockRates{}};
+  RoundGate gate;
+  std::shared_ptr<const ConversionModel> model;
+  uint32_t no = 0;
+  std::mt19937_64 rng{7};
+
+  explicit Rounds(const Clock& c) : clock(c) {}
+
+  // One round at host time h (bracket +-60 ns).
+  ClockSync::Verdict round(uint64_t h) {
+    SyncObservation o;
+    o.round = ++no;
+    o.host_ns = h + std::uniform_int_distribution<int>(-20, 20)(rng);
+    o.device_time = clock.d(h);
+    o.uncertainty_ns = 60;
+    const auto v = gate.feed(sync, o);
+    if (taken_into_model(v)) {
+      // As ConversionModel::of() makes it (no HostSync here).
+      model = std::make_shared<const ConversionModel>(ConversionModel{
+          sync.current(), sync.history().recent(0), o.device_time,
+          static_cast<int64_t>(o.host_ns), gate.taken(), gate.tight_ns(), sync.contradicted()});
+    } else if (sync.contradicted() && model && !model->contradicted) {
+      model = model->contradicted_copy();
+    }
+    return v;
+  }
+};
+
+perfq_record device_record(uint16_t stream, uint64_t index, uint64_t d, uint64_t true_h,
+                           unsigned domain = PERFQ_CLOCK_DEVICE) {
+  perfq_record r{};
+  r.index = index;
+  r.event = 1;
+  r.stream = stream;
+  r.flags = static_cast<uint16_t>(PERFQ_FLAGS(PERFQ_KIND_INSTANT, domain));
+  r.time = d;
+  r.arg = true_h;  // the truth, as devsim --truth stores it
+  return r;
+}
+
+OnlineConverter::Options options(uint16_t source, int64_t max_wait_ns = 2'000'000'000,
+                                 int64_t stale_model_ns = 1'000'000'000) {
+  OnlineConverter::Options o;
+  o.source = source;
+  o.max_wait_ns = max_wait_ns;
+  o.stale_model_ns = stale_model_ns;
+  return o;
+}
+
+struct Check {
+  uint64_t n = 0, beyond = 0, loose = 0, unbounded = 0;
+  double worst = 0;
+  void add(const TraceRecord& t, double loose_ns = 2'000) {
+    ++n;
+    const double e = std::fabs(static_cast<double>(t.time_ns - static_cast<int64_t>(t.rec.arg)));
+    if (t.claim_ns == kClaimUnbounded) {
+      ++unbounded;
+      return;
+    }
+    if (e > t.claim_ns + 1.0) ++beyond;
+    if (t.claim_ns > loose_ns) ++loose;
+    worst = std::max(worst, e);
+  }
+};
+
+TEST_CASE("online convert: a device time waits for a round after it, then converts within its claim",
+          "[sync][convert]") {
+  Clock clock;
+  Rounds rounds(clock);
+  OnlineConverter conv(options(3));
+  std::vector<TraceRecord> out;
+  Check check;
+  uint64_t index = 0;
+  for (int k = 0; k < 40; ++k) {
+    const uint64_t h = kH0 + static_cast<uint64_t>(k) * kRoundNs;
+    rounds.round(h);
+    REQUIRE(conv.release(rounds.model, static_cast<int64_t>(h), out));
+    // Records between this round and the next, read at once.
+    std::vector<perfq_record> batch;
+    for (int i = 1; i < 100; ++i) {
+      const uint64_t t = h + static_cast<uint64_t>(i) * 1'000'000;
+      batch.push_back(device_record(0, index++, clock.d(t), t));
+    }
+    const size_t before = out.size();
+    CHECK(conv.feed(batch, rounds.model.get(), static_cast<int64_t>(h), static_cast<int64_t>(h + kRoundNs),
+                    out) == 0);
+    // None of them is covered yet: nothing converts past the newest round.
+    CHECK(out.size() == before);
+    if (k >= 4) CHECK(conv.waiting() == batch.size());  // earlier: waiting for 5 rounds
+  }
+  for (const auto& t : out) {
+    CHECK(t.source == 3);
+    CHECK(t.conv == TraceConversion::kModel);
+    check.add(t);
+  }
+  INFO("records " << check.n << ", worst error " << check.worst << " ns");
+  CHECK(check.n == 39 * 99);
+  CHECK(check.beyond == 0);
+  CHECK(check.unbounded == 0);
+  CHECK(check.worst < 200);
+}
+
+// A forward step between two rounds: nothing in a device time says on
+// which side of the step it was stamped.  Records read promptly are placed
+// by their read time; records read late (a drain seconds behind) carry the
+// step in their claim.  Before, records extrapolated past the last round
+// converted the step's size late while claiming ~100 ns.
+TEST_CASE("online convert: around a forward step every time lies within its claim",
+          "[sync][convert]") {
+  const int64_t step = GENERATE(int64_t{5'000'000}, int64_t{300'000}, int64_t{40'000'000});
+  const bool late_reads = GENERATE(false, true);
+  INFO("step " << step << " ns, " << (late_reads ? "read 60 ms late" : "read at once"));
+  Clock clock;
+  clock.step_at = kH0 + 20 * kRoundNs + 37'000'000;  // between rounds 20 and 21
+  clock.step = step;
+  Rounds rounds(clock);
+  OnlineConverter conv(options(1));
+  std::vector<TraceRecord> out;
+  uint64_t index[2] = {0, 0};
+  for (int k = 0; k < 40; ++k) {
+    const uint64_t h = kH0 + static_cast<uint64_t>(k) * kRoundNs;
+    rounds.round(h);
+    REQUIRE(conv.release(rounds.model, static_cast<int64_t>(h), out));
+    // Two streams, 20 k records/s each, read in 10 ms polls.
+    for (int poll = 0; poll < 10; ++poll) {
+      std::vector<perfq_record> batch;
+      const uint64_t p0 = h + static_cast<uint64_t>(poll) * 10'000'000;
+      for (uint64_t t = p0; t < p0 + 10'000'000; t += 50'000)
+        for (uint16_t s = 0; s < 2; ++s) {
+          const uint64_t th = t + s * 25'000;
+          batch.push_back(device_record(s, index[s]++, clock.d(th), th));
+        }
+      const int64_t read = static_cast<int64_t>(p0 + 10'000'000) + (late_reads ? 60'000'000 : 0);
+      conv.feed(batch, rounds.model.get(), read, read, out);
+    }
+  }
+  REQUIRE(conv.finish(rounds.model.get(), out) == 0);
+  Check check;
+  for (const auto& t : out) check.add(t);
+  INFO("records " << check.n << ", beyond their claim " << check.beyond << ", claims over 2 us "
+                  << check.loose << ", unbounded " << check.unbounded << ", worst error "
+                  << check.worst << " ns");
+  CHECK(check.n == index[0] + index[1]);
+  CHECK(check.beyond == 0);
+  CHECK(check.unbounded == 0);
+  // Honest and useful: only the records of the step's gap (two rounds, 8 000
+  // records) may carry it.
+  CHECK(check.loose <= 8'000);
+  if (!late_reads && step > 1'000'000) CHECK(check.loose < 2'000);
+}
+
+// Mode B: the device converts past its newest round and cannot see a step
+// before a round after it does.  The host keeps each such time until one
+// of its own rounds after it is in; a step between loses the bound.
+TEST_CASE("online convert: mode B's times keep their bound only where no step came between",
+          "[sync][convert]") {
+  Clock clock;
+  clock.step_at = kH0 + 20 * kRoundNs + 37'000'000;
+  clock.step = 5'000'000;
+  Rounds rounds(clock);
+  OnlineConverter conv(options(1));
+  std::vector<TraceRecord> out;
+  uint64_t index = 0;
+  for (int k = 0; k < 40; ++k) {
+    const uint64_t h = kH0 + static_cast<uint64_t>(k) * kRoundNs;
+    rounds.round(h);
+    REQUIRE(conv.release(rounds.model, static_cast<int64_t>(h), out));
+    if (k < 6) continue;  // the device's model needs its first rounds
+    std::vector<perfq_record> batch;
+    for (uint64_t t = h + 1'000'000; t < h + kRoundNs; t += 1'000'000) {
+      // The device converts with the model of the rounds it has seen: the
+      // host's, which does not know of a step it has not seen either.
+      const uint64_t host = rounds.model->current.to_host(clock.d(t));
+      batch.push_back(device_record(0, index++, host, t, PERFQ_CLOCK_HOST_BY_DEVICE));
+    }
+    const size_t before = out.size();
+    conv.feed(batch, rounds.model.get(), static_cast<int64_t>(h + kRoundNs),
+              static_cast<int64_t>(h + kRoundNs), out);
+    CHECK(out.size() == before);  // each waits for a round after it
+  }
+  REQUIRE(conv.finish(rounds.model.get(), out) == 0);
+  Check check;
+  for (const auto& t : out) {
+    CHECK(t.conv == TraceConversion::kDevice);
+    check.add(t, 100'000);
+  }
+  INFO("records " << check.n << ", beyond " << check.beyond << ", unbounded " << check.unbounded
+                  << ", worst " << check.worst);
+  CHECK(check.n == index);
+  CHECK(check.beyond == 0);
+  // The records read from the last round before the step to the round that
+  // confirmed it (three rounds of 99 here: the step's round, the one that
+  // contradicted the model and the one that started the segment) have no
+  // bound; the rest keep the device's.
+  CHECK(check.unbounded >= 60);
+  CHECK(check.unbounded <= 5 * 99);
+}
+
+// A record waits at most max_wait_ns; then it converts with the model
+// there is, marked forced, with that model's own claim there.
+TEST_CASE("online convert: a record that waited too long converts forced, with its claim",
+          "[sync][convert]") {
+  Clock clock;
+  Rounds rounds(clock);
+  OnlineConverter conv(options(1, 500'000'000, 10'000'000'000));
+  std::vector<TraceRecord> out;
+  for (int k = 0; k < 8; ++k) rounds.round(kH0 + static_cast<uint64_t>(k) * kRoundNs);
+  const uint64_t h = kH0 + 7 * kRoundNs;
+  // Rounds stop (the device stops answering): these are never covered.
+  std::vector<perfq_record> batch;
+  for (int i = 1; i <= 50; ++i) {
+    const uint64_t t = h + static_cast<uint64_t>(i) * 1'000'000;
+    batch.push_back(device_record(0, static_cast<uint64_t>(i), clock.d(t), t));
+  }
+  conv.feed(batch, rounds.model.get(), static_cast<int64_t>(h), static_cast<int64_t>(h + 60'000'000), out);
+  CHECK(out.empty());
+  REQUIRE(conv.release(rounds.model, static_cast<int64_t>(h + 100'000'000), out));
+  CHECK(out.empty());  // waited 100 ms of 500
+  REQUIRE(conv.release(rounds.model, static_cast<int64_t>(h + 600'000'000), out));
+  REQUIRE(out.size() == 50);
+  CHECK(conv.waiting() == 0);
+  Check check;
+  for (const auto& t : out) {
+    CHECK(t.conv == TraceConversion::kForced);
+    check.add(t);
+  }
+  CHECK(check.beyond == 0);
+  // Without a model at all, device times cannot be converted: they are left.
+  OnlineConverter none(options(1));
+  std::vector<TraceRecord> out2;
+  none.feed(batch, nullptr, 0, 0, out2);
+  CHECK(out2.empty());
+  CHECK(none.finish(nullptr, out2) == batch.size());
+}
+
+}  // namespace
+}  // namespace perfq
