@@ -205,26 +205,21 @@ class DeviceRecorder {
   }
 
   static constexpr uint32_t kWarmupIntervalMs = 10;
+  // Records waiting for a round after them beyond which the drain asks the
+  // sync thread for the next round now (at most every kMinRoundGapMs): at
+  // 5 M records/s, 10 ms of them rather than 100 ms.
+  static constexpr size_t kRoundOnDemand = 65536;
+  static constexpr uint32_t kMinRoundGapMs = 10;
   static constexpr uint32_t kMaxFastRounds = 300;  // 3 s of 10 ms rounds at most
 
  private:
-  // The clock model the drain converts with (ConversionModel::of()),
+  // The clock model the drain converts with (ConversionModel::after_round()),
   // replaced by the sync thread after every round the model took in.
 
-  // After a round: a round taken into the model makes the drain's model
-  // (covering up to it); one that contradicts the model leaves it, marked
-  // so (mode B's device stops converting meanwhile, and the host marks what
-  // it did convert); any other changes nothing.
+  // After a round: the drain's model (ConversionModel::after_round()).
   void publish(const HostSync& sync, ClockSync::Verdict v, const SyncObservation& obs) {
-    if (!sync.sync().has_model()) return;
-    if (taken_into_model(v)) {
-      auto snap = ConversionModel::of(sync, obs, kSnapshotHorizonS);
-      std::lock_guard lock(model_mu_);
-      model_ = std::move(snap);
-    } else if (sync.sync().contradicted()) {
-      std::lock_guard lock(model_mu_);
-      if (model_ && !model_->contradicted) model_ = model_->contradicted_copy();
-    }
+    std::lock_guard lock(model_mu_);
+    model_ = ConversionModel::after_round(model_, sync.sync(), sync.gate(), v, obs, kSnapshotHorizonS);
   }
 
   std::shared_ptr<const ConversionModel> model() const {
@@ -276,11 +271,12 @@ class DeviceRecorder {
       }
       // Until the model has its first rounds, nothing of the device can be
       // converted and every record waits in memory; until it knows the
-      // drift well enough to convert at once (ClockModel::settled_at()), records wait for
-      // the next round.  Take rounds quickly until then (a fit over rounds
-      // 10 ms apart brackets the records between them as well as one over
-      // 100 ms, and learns the drift sooner), for at most kMaxFastRounds,
-      // then settle to the configured interval.
+      // drift well (ClockModel::settled_at() over an interval and a half),
+      // its claims between rounds are loose.  Take rounds quickly until
+      // then (a fit over rounds 10 ms apart brackets the records between
+      // them as well as one over 100 ms, and learns the drift sooner), for
+      // at most kMaxFastRounds, then settle to the configured interval.
+      // Records always wait for the round after them (OnlineConverter).
       bool fast = sync.gate().taken() < kMinModelRounds;
       if (!fast && fast_rounds_ < kMaxFastRounds && sync.sync().has_model()) {
         // Settled as far as records reach between rounds (and a half).
@@ -290,7 +286,16 @@ class DeviceRecorder {
       const uint32_t interval = fast
                                     ? std::min<uint32_t>(opts_.sync_interval_ms, kWarmupIntervalMs)
                                     : opts_.sync_interval_ms;
-      wait_stop_for(std::chrono::milliseconds(interval));
+      // Many records waiting for a round after them (a high rate): the next
+      // round comes as soon as kMinRoundGapMs allows, not a whole interval
+      // later, so what waits stays bounded in memory.
+      const auto gap = std::chrono::milliseconds(std::min<uint32_t>(interval, kMinRoundGapMs));
+      if (!wait_stop_for(gap)) {
+        std::unique_lock lock(wake_mu_);
+        wake_.wait_for(lock, std::chrono::milliseconds(interval) - gap,
+                       [this] { return stop_ || want_round_.load(std::memory_order_relaxed); });
+      }
+      want_round_.store(false, std::memory_order_relaxed);
     }
     sync_done_ = true;
   }
@@ -351,6 +356,10 @@ class DeviceRecorder {
     frontier_.clear();
     for (size_t i = fresh; i < out.size(); ++i) frontier_.note(out[i].rec.stream, out[i].time_ns);
     dropped_no_clock_ += dropped;
+    if (conv_.waiting() > kRoundOnDemand && !want_round_.exchange(true, std::memory_order_relaxed)) {
+      std::lock_guard lock(wake_mu_);
+      wake_.notify_all();
+    }
     show_counts(drain, batch.size());
     // Everything up to t0 has been read when the poll came back short; the
     // device may still hold records up to its collector's latency.
@@ -531,6 +540,7 @@ class DeviceRecorder {
   StreamFrontier frontier_;  // drain thread: each stream's newest converted time in a poll
   std::unique_ptr<HostSync> sync_;  // the sync thread's; the drain's after it ended
   std::atomic<bool> sync_done_{false};
+  std::atomic<bool> want_round_{false};  // the drain asks for a round now
   uint32_t fast_rounds_ = 0;   // the sync thread's: rounds taken at the warm-up interval
   uint64_t dropped_no_clock_ = 0;                  // drain thread only
   uint64_t before_start_ = 0;                      // drain thread only

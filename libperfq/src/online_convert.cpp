@@ -14,22 +14,24 @@ bool device_domain(const perfq_record& r) { return PERFQ_FLAGS_DOMAIN(r.flags) =
 
 }  // namespace
 
-std::shared_ptr<const ConversionModel> ConversionModel::of(const HostSync& sync,
-                                                           const SyncObservation& newest,
-                                                           double horizon_s) {
-  const auto horizon =
-      static_cast<uint64_t>(horizon_s * static_cast<double>(sync.rates().device_hz));
-  const uint64_t d = newest.device_time;
-  return std::make_shared<const ConversionModel>(ConversionModel{
-      sync.sync().current(), sync.sync().history().recent(d > horizon ? d - horizon : 0), d,
-      static_cast<int64_t>(newest.host_ns), sync.gate().taken(), sync.gate().tight_ns(),
-      sync.sync().contradicted()});
-}
-
-std::shared_ptr<const ConversionModel> ConversionModel::contradicted_copy() const {
-  auto c = std::make_shared<ConversionModel>(*this);
-  c->contradicted = true;
-  return c;
+std::shared_ptr<const ConversionModel> ConversionModel::after_round(
+    std::shared_ptr<const ConversionModel> prev, const ClockSync& sync, const RoundGate& gate,
+    ClockSync::Verdict v, const SyncObservation& obs, double horizon_s) {
+  if (!sync.has_model()) return prev;
+  if (taken_into_model(v)) {
+    const auto horizon =
+        static_cast<uint64_t>(horizon_s * static_cast<double>(sync.rates().device_hz));
+    const uint64_t d = obs.device_time;
+    return std::make_shared<const ConversionModel>(ConversionModel{
+        sync.current(), sync.history().recent(d > horizon ? d - horizon : 0), d,
+        static_cast<int64_t>(obs.host_ns), gate.taken(), gate.tight_ns(), sync.contradicted()});
+  }
+  if (sync.contradicted() && prev && !prev->contradicted) {
+    auto c = std::make_shared<ConversionModel>(*prev);
+    c->contradicted = true;
+    return c;
+  }
+  return prev;
 }
 
 OnlineConverter::OnlineConverter(Options o)
@@ -37,7 +39,7 @@ OnlineConverter::OnlineConverter(Options o)
       back_step_ticks_(static_cast<int64_t>(o_.back_step_ns * static_cast<double>(o_.device_clock_hz) / 1e9) +
                        1) {}
 
-OnlineConverter::ReadState OnlineConverter::read_state(const ConversionModel* m, int64_t read_ns) {
+OnlineConverter::Held::Read OnlineConverter::read_state(const ConversionModel* m, int64_t read_ns) {
   return {read_ns, m ? m->current.segment : 0, m && m->contradicted};
 }
 
@@ -49,56 +51,57 @@ void OnlineConverter::emit(const TraceRecord& tr, StreamClock& sc, std::vector<T
 
 uint64_t OnlineConverter::feed(std::span<const perfq_record> batch, const ConversionModel* m,
                                int64_t now, int64_t read_ns, std::vector<TraceRecord>& out) {
-  const ReadState rs = read_state(m, read_ns);
+  const Held::Read rs = read_state(m, read_ns);
   uint64_t dropped = 0;
-  newly_held_.clear();
+  StreamClock* sc = nullptr;
   for (const auto& r : batch) {
+    // Batches come stream by stream: look the stream up once per run.
+    if (!sc || sc->id != r.stream) {
+      sc = &streams_[r.stream];
+      sc->id = r.stream;
+    }
     TraceRecord tr;
-    StreamClock& sc = streams_[r.stream];
-    const uint32_t epoch = epoch_of(r, sc, m);
+    const uint32_t epoch = epoch_of(r, *sc, m);
     // In stream order: behind a waiting record of its stream, a record waits.
-    if (sc.held == 0 && convert(r, sc, epoch, m, false, rs, &tr)) {
-      emit(tr, sc, out);
-    } else if (waiting() + newly_held_.size() < o_.max_waiting) {
-      // Mode B's host times wait in arrival order (each stream's in
-      // order), device times in device-time order (hold()).
-      if (device_domain(r)) {
-        newly_held_.push_back({r, epoch, now, rs});
-      } else {
-        if (waiting() == 0) held_since_ = now;
-        held_host_.push_back({r, epoch, now, rs});
-      }
-      ++sc.held;
+    if (sc->waiting.empty() && convert(r, *sc, epoch, m, false, rs, &tr)) {
+      emit(tr, *sc, out);
+    } else if (waiting_ < o_.max_waiting) {
+      if (waiting_ == 0) held_since_ = now;
+      sc->waiting.push_back({r, rs, epoch});
+      ++waiting_;
     } else {
       ++dropped;
     }
   }
-  if (!newly_held_.empty()) hold(now);
   return dropped;
 }
 
 bool OnlineConverter::release(const std::shared_ptr<const ConversionModel>& m, int64_t now,
                               std::vector<TraceRecord>& out, size_t max_out) {
-  if (!m || waiting() == 0) return true;
-  const auto waited_long = [&](const std::deque<Held>& q) {
-    return !q.empty() && now - q.front().held_ns > o_.max_wait_ns;
-  };
+  if (!m || waiting_ == 0) return true;
+  // The oldest waiting record (each stream's are in arrival order).
+  int64_t oldest = INT64_MAX;
+  for (const auto& [id, sc] : streams_)
+    if (!sc.waiting.empty()) oldest = std::min(oldest, sc.waiting.front().read.read_ns);
   const bool stale = now - held_since_ > o_.stale_model_ns;
-  if (m == held_model_ && !stale && !waited_long(held_) && !waited_long(held_host_)) return true;
+  const bool waited_long = now - oldest > o_.max_wait_ns;
+  if (m == held_model_ && !stale && !waited_long) return true;
+  // Per stream, what the model converts is a prefix of what waits (covered
+  // by a round, in time order): a model every 10 ms while a million records
+  // wait does not go through all of them.
   size_t n = 0;
-  for (std::deque<Held>* q : {&held_, &held_host_}) {
-    while (!q->empty()) {
+  for (auto& [id, sc] : streams_) {
+    while (!sc.waiting.empty()) {
       if (n >= max_out) return false;
       TraceRecord tr;
-      const Held& f = q->front();
-      StreamClock& sc = streams_[f.rec.stream];
-      if (!convert(f.rec, sc, f.epoch, m.get(), stale || now - f.held_ns > o_.max_wait_ns, f.read,
-                   &tr))
+      const Held& f = sc.waiting.front();
+      if (!convert(f.rec, sc, f.epoch, m.get(), stale || now - f.read.read_ns > o_.max_wait_ns,
+                   f.read, &tr))
         break;
       emit(tr, sc, out);
       ++n;
-      --sc.held;
-      q->pop_front();
+      sc.waiting.pop_front();
+      --waiting_;
     }
   }
   held_model_ = m;
@@ -107,53 +110,66 @@ bool OnlineConverter::release(const std::shared_ptr<const ConversionModel>& m, i
 }
 
 size_t OnlineConverter::finish(const ConversionModel* m, std::vector<TraceRecord>& out) {
-  for (std::deque<Held>* q : {&held_, &held_host_}) {
-    std::deque<Held> left;
-    for (const auto& h : *q) {
+  size_t left = 0;
+  for (auto& [id, sc] : streams_) {
+    std::deque<Held> keep;
+    for (const auto& h : sc.waiting) {
       TraceRecord tr;
-      StreamClock& sc = streams_[h.rec.stream];
       // What a round after it covers converts as it would have; the rest
       // with the model there is (kForced, with its claim); mode B's times
       // without a model as the device gave them, unbounded.
       if (convert(h.rec, sc, h.epoch, m, false, h.read, &tr) ||
           convert(h.rec, sc, h.epoch, m, true, h.read, &tr)) {
         emit(tr, sc, out);
-        --sc.held;
       } else {
-        left.push_back(h);
+        keep.push_back(h);
       }
     }
-    q->swap(left);
+    sc.waiting.swap(keep);
+    left += sc.waiting.size();
   }
-  return held_.size();
+  waiting_ = left;
+  return left;
 }
 
 bool OnlineConverter::covers_waiting(const ConversionModel& m) const {
   if (m.rounds < kMinModelRounds) return false;
-  // held_ is in (epoch, time) order; held_host_ in arrival order.
-  if (!held_.empty() && time_diff(m.covered_device, held_.back().rec.time) < 0) return false;
-  for (const auto& h : held_host_)
-    if (static_cast<int64_t>(h.rec.time) > m.covered_host) return false;
+  // Each stream's newest device time and newest host time (mode B) are the
+  // last of their kind in its queue (epochs: the last is the newest).
+  for (const auto& [id, sc] : streams_) {
+    bool device = false, host = false;
+    for (auto it = sc.waiting.rbegin(); it != sc.waiting.rend() && !(device && host); ++it) {
+      if (device_domain(it->rec) && !device) {
+        device = true;
+        if (time_diff(m.covered_device, it->rec.time) < 0) return false;
+      } else if (!device_domain(it->rec) && !host) {
+        host = true;
+        if (static_cast<int64_t>(it->rec.time) > m.covered_host) return false;
+      }
+    }
+  }
   return true;
 }
 
 int64_t OnlineConverter::waiting_bound(const ConversionModel* m, int64_t grace_ns) const {
   int64_t bound = INT64_MAX;
-  // Held device times will land near where the model puts the oldest of
-  // them (less the device latency, for what the model does not know);
-  // mode B's host times where the device put them.
-  if (!held_.empty())
-    bound = m ? static_cast<int64_t>(m->history.to_host(held_.front().rec.time)) - grace_ns
-              : INT64_MIN;
-  if (!held_host_.empty())
-    bound = std::min(bound, static_cast<int64_t>(held_host_.front().rec.time) - grace_ns);
+  // A waiting device time will land near where the model puts it (less
+  // the device latency, for what the model does not know); mode B's host
+  // times where the device put them.  Each stream's oldest is its first.
+  for (const auto& [id, sc] : streams_) {
+    if (sc.waiting.empty()) continue;
+    const perfq_record& r = sc.waiting.front().rec;
+    if (!device_domain(r)) {
+      bound = std::min(bound, static_cast<int64_t>(r.time) - grace_ns);
+    } else if (!m) {
+      return INT64_MIN;
+    } else {
+      bound = std::min(bound, static_cast<int64_t>(m->history.to_host(r.time)) - grace_ns);
+    }
+  }
   return bound;
 }
 
-// The stream's epoch for r (see convert()): a device-clock record more
-// than kBackStepNs earlier than its stream's newest opens the next
-// epoch.  LOST records carry the time of their newest drop, which may
-// precede records still queued: they neither open nor move an epoch.
 uint32_t OnlineConverter::epoch_of(const perfq_record& r, StreamClock& sc,
                                    const ConversionModel* m) {
   if (!device_domain(r) || PERFQ_FLAGS_KIND(r.flags) == PERFQ_KIND_LOST) return sc.epoch;
@@ -199,7 +215,7 @@ uint32_t OnlineConverter::epoch_of(const perfq_record& r, StreamClock& sc,
 //
 // `sc`: the record's stream (streams_[r.stream]).
 bool OnlineConverter::convert(const perfq_record& r, const StreamClock& sc, uint32_t epoch,
-                              const ConversionModel* m, bool force, const ReadState& rs,
+                              const ConversionModel* m, bool force, const Held::Read& rs,
                               TraceRecord* out) const {
   out->source = o_.source;
   out->rec = r;
@@ -297,36 +313,17 @@ bool OnlineConverter::convert(const perfq_record& r, const StreamClock& sc, uint
 // device may have converted it across a step, and the time is kept
 // without a bound (unsynchronized).
 bool OnlineConverter::confirm_device_time(const perfq_record& r, const ConversionModel* m,
-                                          bool force, const ReadState& rs,
+                                          bool force, const Held::Read& rs,
                                           TraceRecord* out) const {
   out->time_ns = static_cast<int64_t>(r.time);
-  out->conv = TraceConversion::kDevice;
-  if (!force && (!m || time_diff(r.time, static_cast<uint64_t>(m->covered_host)) > 0)) return false;
-  const bool holds = m && !rs.contradicted && rs.segment == m->current.segment &&
-                     time_diff(r.time, static_cast<uint64_t>(m->covered_host)) <= 0;
-  out->claim_ns = holds ? stored_claim(m->tight_ns) : kClaimUnbounded;
+  const bool covered = m && time_diff(r.time, static_cast<uint64_t>(m->covered_host)) <= 0;
+  if (!force && !covered) return false;
+  // Forced (no round after it came: the device stopped, or rounds stopped
+  // being taken): as unconfirmed as the daemon's own forced conversions.
+  out->conv = covered ? TraceConversion::kDevice : TraceConversion::kForced;
+  const bool same = m && !rs.contradicted && rs.segment == m->current.segment;
+  out->claim_ns = same ? stored_claim(m->tight_ns) : kClaimUnbounded;
   return true;
-}
-
-
-// Adds newly_held_ to held_, keeping held_ in device time order (each
-// stream's records come in order; the streams overlap by a batch or so).
-void OnlineConverter::hold(int64_t t0) {
-  auto earlier = [](const Held& a, const Held& b) {
-    return a.epoch != b.epoch ? a.epoch < b.epoch : time_diff(a.rec.time, b.rec.time) < 0;
-  };
-  std::stable_sort(newly_held_.begin(), newly_held_.end(), earlier);
-  if (held_.empty()) held_since_ = t0;
-  // Take back the end of held_ that the new records overlap, then merge.
-  overlap_.clear();
-  while (!held_.empty() && earlier(newly_held_.front(), held_.back())) {
-    overlap_.push_back(held_.back());
-    held_.pop_back();
-  }
-  std::reverse(overlap_.begin(), overlap_.end());
-  // On equal times the older records (overlap_) stay first.
-  std::merge(overlap_.begin(), overlap_.end(), newly_held_.begin(), newly_held_.end(),
-             std::back_inserter(held_), earlier);
 }
 
 

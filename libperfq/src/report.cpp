@@ -865,7 +865,7 @@ void claims_text(const ReportSync& d, Line& line) {
   };
   part(c.by_daemon, "by the daemon");
   part(c.by_device, "by the device");
-  part(c.forced, "forced after the longest wait");
+  part(c.forced, "forced, without a round after them");
   part(c.unclaimed, "with no claim stored");
   line(fmt::format("  {:<24} times converted: {} ({})", "", c.records, how));
   if (c.claim_ns.count)

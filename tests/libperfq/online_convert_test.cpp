@@ -49,14 +49,7 @@ struct Rounds {
     o.device_time = clock.d(h);
     o.uncertainty_ns = 60;
     const auto v = gate.feed(sync, o);
-    if (taken_into_model(v)) {
-      // As ConversionModel::of() makes it (no HostSync here).
-      model = std::make_shared<const ConversionModel>(ConversionModel{
-          sync.current(), sync.history().recent(0), o.device_time,
-          static_cast<int64_t>(o.host_ns), gate.taken(), gate.tight_ns(), sync.contradicted()});
-    } else if (sync.contradicted() && model && !model->contradicted) {
-      model = model->contradicted_copy();
-    }
+    model = ConversionModel::after_round(model, sync, gate, v, o, 60);
     return v;
   }
 };
@@ -215,10 +208,13 @@ TEST_CASE("online convert: mode B's times keep their bound only where no step ca
   }
   REQUIRE(conv.finish(rounds.model.get(), out) == 0);
   Check check;
+  uint64_t forced = 0;
   for (const auto& t : out) {
-    CHECK(t.conv == TraceConversion::kDevice);
+    CHECK((t.conv == TraceConversion::kDevice || t.conv == TraceConversion::kForced));
+    if (t.conv == TraceConversion::kForced) ++forced;
     check.add(t, 100'000);
   }
+  CHECK(forced == 99);  // the last poll's: no round after them came
   INFO("records " << check.n << ", beyond " << check.beyond << ", unbounded " << check.unbounded
                   << ", worst " << check.worst);
   CHECK(check.n == index);

@@ -12,7 +12,7 @@
 // docs/sync.md, "When a device time converts" and "Around a clock step".
 //
 // One thread (the drain's); the model comes from the sync thread as an
-// immutable snapshot (ConversionModel::of()).
+// immutable snapshot (ConversionModel::after_round()).
 #pragma once
 
 #include <cstdint>
@@ -23,14 +23,13 @@
 #include <span>
 #include <vector>
 
-#include "perfq/host_sync.h"
 #include "perfq/sync.h"
 #include "perfq/trace.h"
 
 namespace perfq {
 
 // What the converter converts with: a device's model as of its newest round
-// taken into it.  The sync thread makes one per round (of()), the converter
+// taken into it.  The sync thread makes one per round (after_round()), the converter
 // reads it; a copy of the whole history each round would cost more with
 // every round of a recording, so it reaches back a horizon.
 struct ConversionModel {
@@ -42,13 +41,16 @@ struct ConversionModel {
   double tight_ns = 0;          // RoundGate::tight_ns() then
   bool contradicted = false;    // a later round contradicts it (ClockSync::contradicted())
 
-  // sync's model after the round whose observation is `newest`, its history
-  // from `horizon_s` seconds of device time before it.
-  static std::shared_ptr<const ConversionModel> of(const HostSync& sync,
-                                                   const SyncObservation& newest,
-                                                   double horizon_s);
-  // The same model, marked contradicted.
-  std::shared_ptr<const ConversionModel> contradicted_copy() const;
+  // The model after a round (`v`, `obs`: its verdict and observation, as
+  // ClockSync and its RoundGate gave them), given the one before (null:
+  // none yet): a round taken into the model makes a new one (covering up to
+  // it, its history from `horizon_s` seconds of device time before it); one
+  // that contradicts the model leaves it, marked so (mode B's device stops
+  // converting meanwhile, and the converter marks what it converted); any
+  // other changes nothing.
+  static std::shared_ptr<const ConversionModel> after_round(
+      std::shared_ptr<const ConversionModel> prev, const ClockSync& sync, const RoundGate& gate,
+      ClockSync::Verdict v, const SyncObservation& obs, double horizon_s);
 };
 
 class OnlineConverter {
@@ -91,7 +93,7 @@ class OnlineConverter {
   // (no model at all): they cannot be converted.
   size_t finish(const ConversionModel* m, std::vector<TraceRecord>& out);
 
-  size_t waiting() const { return held_.size() + held_host_.size(); }
+  size_t waiting() const { return waiting_; }
   // Whether `m` covers every waiting record (a round after each of them).
   bool covers_waiting(const ConversionModel& m) const;
   // A host time before which nothing waiting will land (the merge's bound),
@@ -99,46 +101,44 @@ class OnlineConverter {
   int64_t waiting_bound(const ConversionModel* m, int64_t grace_ns) const;
 
  private:
-  // What a record knew when it was read.
-  struct ReadState {
-    int64_t read_ns = INT64_MAX;  // INT64_MAX: not known
-    uint32_t segment = 0;         // the model's current segment then
-    bool contradicted = false;    // a round contradicted it then
+  struct Held {
+    perfq_record rec;
+    // What it knew when it was read: the host time after the read (it also
+    // began to wait then), the model's current segment, and whether a round
+    // contradicted the model.
+    struct Read {
+      int64_t read_ns = INT64_MAX;  // INT64_MAX: not known
+      uint32_t segment = 0;
+      bool contradicted = false;
+    } read;
+    uint32_t epoch = 0;  // epoch_of() when it was read
   };
-  // A device stream's clock, as its records show it.
+  // A device stream's clock, as its records show it, and what of it waits.
   struct StreamClock {
+    uint16_t id = 0;
     uint64_t last = 0;  // newest device time of the stream
     uint32_t epoch = 0;
     bool seen = false;
     int64_t last_host = INT64_MIN;  // host time of its newest converted record
-    size_t held = 0;                // its records waiting: later ones wait behind them
-  };
-  struct Held {
-    perfq_record rec;
-    uint32_t epoch;   // epoch_of() when it was read
-    int64_t held_ns;  // when it began to wait
-    ReadState read;
+    std::deque<Held> waiting;       // in arrival order: later records wait behind
   };
 
-  static ReadState read_state(const ConversionModel* m, int64_t read_ns);
+  static Held::Read read_state(const ConversionModel* m, int64_t read_ns);
   uint32_t epoch_of(const perfq_record& r, StreamClock& sc, const ConversionModel* m);
   bool convert(const perfq_record& r, const StreamClock& sc, uint32_t epoch,
-               const ConversionModel* m, bool force, const ReadState& rs, TraceRecord* out) const;
+               const ConversionModel* m, bool force, const Held::Read& rs, TraceRecord* out) const;
   bool confirm_device_time(const perfq_record& r, const ConversionModel* m, bool force,
-                           const ReadState& rs, TraceRecord* out) const;
+                           const Held::Read& rs, TraceRecord* out) const;
   void emit(const TraceRecord& tr, StreamClock& sc, std::vector<TraceRecord>& out);
-  void hold(int64_t now);
 
   Options o_;
   int64_t back_step_ticks_;
   std::map<uint16_t, StreamClock> streams_;
+  size_t waiting_ = 0;
   // Per epoch, the lowest segment id its records may use (epoch 0: 0).
   std::vector<uint32_t> epoch_floor_{0};
-  std::deque<Held> held_;       // device times, in (epoch, device time) order
-  std::deque<Held> held_host_;  // mode B's host times, in arrival order
-  std::vector<Held> newly_held_, overlap_;  // hold()'s scratch
   std::shared_ptr<const ConversionModel> held_model_;  // the model of the last release
-  int64_t held_since_ = 0;
+  int64_t held_since_ = 0;                             // when it came
 };
 
 }  // namespace perfq

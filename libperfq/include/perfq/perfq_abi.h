@@ -221,8 +221,10 @@ struct perfq_host_ctrl {
 	perfq_u64 heartbeat; /* bumped by the device collector on every pass */
 	/* With PERFQ_FEAT_DEVICE_NOW: the device clock D, read by the collector
 	 * before each tail it posts, so that no record the host reads is stamped
-	 * later.  The host checks its clock model against it (a forward clock
-	 * step shows here at once, in records only a round later). */
+	 * later.  Informational: the host converts a device time only once a
+	 * sync round after it is in (a forward clock step smaller than the time
+	 * a record takes to reach the host cannot be seen here), and does not
+	 * read it. */
 	perfq_u64 device_now;
 	perfq_u64 reserved[5];
 };

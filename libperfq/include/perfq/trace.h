@@ -131,9 +131,11 @@ enum class TraceConversion : uint8_t {
   kNone = 0,    // the source's own host time (host records; traces before claims)
   kModel = 1,   // the daemon's clock model converted the device time
   kDevice = 2,  // the device converted it (sync mode B)
-  kForced = 3,  // the daemon's model, after the record waited the longest a record
-                // may (2 s) for a model that vouches for its time: the claim is
-                // what that model claims there, however loose
+  kForced = 3,  // without a round after it: the record waited the longest a record
+                // may (2 s) for a model that vouches for its time, or the
+                // recording ended first; converted with the model there was
+                // (mode B: the device's time), the claim what that model
+                // claims there, however loose, if no clock step came since
 };
 const char* trace_conversion_name(TraceConversion c);
 // TraceRecord::claim_ns when the converting model bounds nothing there:
