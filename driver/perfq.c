@@ -41,6 +41,7 @@
 #include <linux/version.h>
 
 #include "perfq/perfq_abi.h"
+#include "perfq/perfq_region_check.h"
 
 #define PERFQ_NAME "perfq"
 #define PERFQ_MAX_DEVICES 64
@@ -94,38 +95,6 @@ static DEFINE_IDA(perfq_ida);
 /* ------------------------------------------------------------------ */
 /* Region header validation                                            */
 
-static bool perfq_is_pow2(u64 v)
-{
-	return v && !(v & (v - 1));
-}
-
-static u64 perfq_min_section_size(const struct perfq_region_header *h, int id)
-{
-	switch (id) {
-	case PERFQ_SECTION_HEADER:
-		return sizeof(struct perfq_region_header);
-	case PERFQ_SECTION_DEV_CTRL:
-		return sizeof(struct perfq_dev_ctrl);
-	case PERFQ_SECTION_HOST_CTRL:
-		return sizeof(struct perfq_host_ctrl);
-	case PERFQ_SECTION_TIMER:
-		return sizeof(struct perfq_timer_page);
-	case PERFQ_SECTION_SYNC:
-		return sizeof(struct perfq_sync_page);
-	case PERFQ_SECTION_DICT:
-		return sizeof(struct perfq_dict_header) +
-		       (u64)h->dict_capacity * sizeof(struct perfq_dict_entry);
-	case PERFQ_SECTION_RING:
-		return h->ring_capacity * PERFQ_RECORD_SIZE;
-	default:
-		return 0;
-	}
-}
-
-static const char *const perfq_section_names[PERFQ_SECTION_COUNT] = {
-	"header", "dev_ctrl", "host_ctrl", "timer", "sync", "dict", "app", "ring",
-};
-
 /* The sections the host writes; the rest are mapped read-only. */
 static bool perfq_section_host_writable(int id)
 {
@@ -133,89 +102,24 @@ static bool perfq_section_host_writable(int id)
 	       id == PERFQ_SECTION_TIMER || id == PERFQ_SECTION_SYNC || id == PERFQ_SECTION_APP;
 }
 
-/* Same rules as libperfq's validate_region_header(); one line per refusal. */
+/* The rules are perfq_check_region_header()'s, libperfq's too; one line per refusal. */
 static int perfq_validate_header(struct device *dev, const struct perfq_region_header *h,
 				 u64 len)
 {
-	const u8 *nul;
-	int i, j;
+	const struct perfq_header_check c = perfq_check_region_header(h, len);
 
-	if (h->magic != PERFQ_REGION_MAGIC) {
-		dev_err(dev, "region header: magic %#018llx is not %#018llx (not a perfq region, or not initialized yet); device refused\n",
-			h->magic, PERFQ_REGION_MAGIC);
-		return -EINVAL;
-	}
-	if (h->abi_version != PERFQ_ABI_VERSION || h->header_size != sizeof(*h)) {
-		dev_err(dev, "region header: abi_version %u header_size %u, this driver speaks %u/%zu; device refused\n",
-			h->abi_version, h->header_size, PERFQ_ABI_VERSION, sizeof(*h));
-		return -EINVAL;
-	}
-	if (h->features & ~PERFQ_FEAT_ALL) {
-		dev_err(dev, "region header: unknown feature bits %#llx; device refused\n",
-			h->features & ~PERFQ_FEAT_ALL);
-		return -EINVAL;
-	}
-	if (h->region_size % PAGE_SIZE || h->region_size < PAGE_SIZE || h->region_size > len) {
-		dev_err(dev, "region header: region_size %llu is not a page multiple within the %llu-byte BAR; device refused\n",
-			h->region_size, len);
-		return -EINVAL;
-	}
-	if (h->record_size != PERFQ_RECORD_SIZE || !perfq_is_pow2(h->ring_capacity) ||
-	    h->ring_capacity < PERFQ_RING_CAPACITY_MIN || h->ring_capacity > PERFQ_RING_CAPACITY_MAX) {
-		dev_err(dev, "region header: record_size %u ring_capacity %llu invalid; device refused\n",
-			h->record_size, h->ring_capacity);
-		return -EINVAL;
-	}
-	if (!h->device_clock_hz || h->device_clock_hz > PERFQ_CLOCK_HZ_MAX || !h->timer_hz ||
-	    h->timer_hz > PERFQ_CLOCK_HZ_MAX) {
-		dev_err(dev, "region header: clock rates %llu/%llu Hz out of range; device refused\n",
-			h->device_clock_hz, h->timer_hz);
-		return -EINVAL;
-	}
-	nul = memchr(h->device_name, 0, PERFQ_DEVICE_NAME_LEN);
-	if (!nul || nul == h->device_name) {
-		dev_err(dev, "region header: device_name empty or not NUL-terminated; device refused\n");
-		return -EINVAL;
-	}
-	for (i = 0; i < nul - h->device_name; i++) {
-		if (h->device_name[i] < 0x20 || h->device_name[i] > 0x7e) {
-			dev_err(dev, "region header: device_name has a non-printable byte at %d; device refused\n",
-				i);
-			return -EINVAL;
-		}
-	}
-	for (i = 0; i < PERFQ_SECTION_COUNT; i++) {
-		const struct perfq_section *s = &h->sections[i];
-
-		if (s->offset % PAGE_SIZE || s->size % PAGE_SIZE || s->offset > h->region_size ||
-		    s->size > h->region_size - s->offset ||
-		    s->size < perfq_min_section_size(h, i)) {
-			dev_err(dev, "region header: section %s [%llu +%llu] misaligned, too small or outside the region; device refused\n",
-				perfq_section_names[i], s->offset, s->size);
-			return -EINVAL;
-		}
-		for (j = 0; j < i; j++) {
-			const struct perfq_section *t = &h->sections[j];
-
-			if (s->size && t->size && s->offset < t->offset + t->size &&
-			    t->offset < s->offset + s->size) {
-				dev_err(dev, "region header: sections %s and %s overlap; device refused\n",
-					perfq_section_names[j], perfq_section_names[i]);
-				return -EINVAL;
-			}
-		}
-	}
-	if (h->sections[PERFQ_SECTION_HEADER].offset != 0) {
-		dev_err(dev, "region header: header section is not at offset 0; device refused\n");
-		return -EINVAL;
-	}
-	for (i = 0; i < ARRAY_SIZE(h->reserved); i++) {
-		if (h->reserved[i]) {
-			dev_err(dev, "region header: reserved[%d] is nonzero; device refused\n", i);
-			return -EINVAL;
-		}
-	}
-	return 0;
+	if (c.fault == PERFQ_HDR_OK)
+		return 0;
+	if (c.fault == PERFQ_HDR_SECTION_OVERLAP)
+		dev_err(dev, "region header: sections %s and %s overlap; device refused\n",
+			perfq_section_name(c.index), perfq_section_name(c.index2));
+	else if (c.fault >= PERFQ_HDR_SECTION_ALIGN && c.fault <= PERFQ_HDR_SECTION_SMALL)
+		dev_err(dev, "region header: section %s: %s (%llu, %llu); device refused\n",
+			perfq_section_name(c.index), perfq_header_fault_name(c.fault), c.a, c.b);
+	else
+		dev_err(dev, "region header: %s (%#llx, %#llx at %d; the %llu-byte BAR); device refused\n",
+			perfq_header_fault_name(c.fault), c.a, c.b, c.index, len);
+	return -EINVAL;
 }
 
 /* Can [off, off + len) be mapped writable: is it all in host-written sections? */

@@ -1,4 +1,5 @@
 #include "perfq/region.h"
+#include "perfq/perfq_region_check.h"
 
 #include <fcntl.h>
 #include <fmt/format.h>
@@ -15,32 +16,15 @@ constexpr uint64_t kPage = PERFQ_PAGE_SIZE;
 
 constexpr uint64_t round_up_page(uint64_t v) { return (v + kPage - 1) / kPage * kPage; }
 
-const char* const kSectionNames[PERFQ_SECTION_COUNT] = {
-    "header", "dev_ctrl", "host_ctrl", "timer", "sync", "dict", "app", "ring",
-};
-
 // The smallest size a reader accepts for each section of header h.
-uint64_t min_section_size(const perfq_region_header& h, int id) {
-  switch (id) {
-    case PERFQ_SECTION_HEADER: return sizeof(perfq_region_header);
-    case PERFQ_SECTION_DEV_CTRL: return sizeof(perfq_dev_ctrl);
-    case PERFQ_SECTION_HOST_CTRL: return sizeof(perfq_host_ctrl);
-    case PERFQ_SECTION_TIMER: return sizeof(perfq_timer_page);
-    case PERFQ_SECTION_SYNC: return sizeof(perfq_sync_page);
-    case PERFQ_SECTION_DICT:
-      return sizeof(perfq_dict_header) + uint64_t{h.dict_capacity} * sizeof(perfq_dict_entry);
-    case PERFQ_SECTION_APP: return 0;
-    case PERFQ_SECTION_RING: return h.ring_capacity * uint64_t{PERFQ_RECORD_SIZE};
-  }
-  return 0;
-}
+uint64_t min_section_size(const perfq_region_header& h, int id) { return perfq_min_section_size(&h, id); }
 
 Status corrupt(std::string msg) { return Status(Errc::kCorrupt, "region header: " + msg); }
 
 }  // namespace
 
 const char* section_name(int id) {
-  return id >= 0 && id < PERFQ_SECTION_COUNT ? kSectionNames[id] : "unknown";
+  return id >= 0 && id < PERFQ_SECTION_COUNT ? perfq_section_name(id) : "unknown";
 }
 
 Result<perfq_region_header> layout_region(const RegionGeometry& g) {
@@ -87,88 +71,71 @@ Result<perfq_region_header> layout_region(const RegionGeometry& g) {
   return h;
 }
 
+// The rules are perfq_check_region_header()'s (the driver's too); the
+// words are the host's.
 Status validate_region_header(const perfq_region_header& h, uint64_t mapped_len) {
-  if (mapped_len < sizeof(perfq_region_header))
-    return corrupt(fmt::format("region of {} bytes is smaller than its {}-byte header",
-                               mapped_len, sizeof(perfq_region_header)));
-  if (h.magic != PERFQ_REGION_MAGIC)
-    return corrupt(fmt::format(
-        "magic {:#018x} is not {:#018x} (not a perfq region, or not initialized yet)", h.magic,
-        PERFQ_REGION_MAGIC));
-  if (h.abi_version != PERFQ_ABI_VERSION)
-    return corrupt(fmt::format("abi_version {} is not the supported version {}", h.abi_version,
-                               PERFQ_ABI_VERSION));
-  if (h.header_size != sizeof(perfq_region_header))
-    return corrupt(fmt::format("header_size {} is not {}", h.header_size,
-                               sizeof(perfq_region_header)));
-  if (h.features & ~PERFQ_FEAT_ALL)
-    return corrupt(fmt::format("features {:#x} has unknown bits {:#x}", h.features,
-                               h.features & ~PERFQ_FEAT_ALL));
-  if (h.region_size % kPage != 0 || h.region_size < kPage || h.region_size > mapped_len)
-    return corrupt(fmt::format(
-        "region_size {} is not a page multiple within the {} bytes mapped", h.region_size,
-        mapped_len));
-  if (h.record_size != PERFQ_RECORD_SIZE)
-    return corrupt(fmt::format("record_size {} is not {}", h.record_size, PERFQ_RECORD_SIZE));
-  if (!is_pow2(h.ring_capacity) || h.ring_capacity < PERFQ_RING_CAPACITY_MIN ||
-      h.ring_capacity > PERFQ_RING_CAPACITY_MAX)
-    return corrupt(fmt::format("ring_capacity {} is not a power of two in [{}, {}]",
-                               h.ring_capacity, PERFQ_RING_CAPACITY_MIN,
-                               PERFQ_RING_CAPACITY_MAX));
-  if (uint64_t{h.dict_capacity} * sizeof(perfq_dict_entry) > h.region_size)
-    return corrupt(fmt::format("dict_capacity {} does not fit in the region of {} bytes",
-                               h.dict_capacity, h.region_size));
-  if (h.device_clock_hz == 0 || h.device_clock_hz > PERFQ_CLOCK_HZ_MAX)
-    return corrupt(fmt::format("device_clock_hz {} is outside 1..{}", h.device_clock_hz,
-                               PERFQ_CLOCK_HZ_MAX));
-  if (h.timer_hz == 0 || h.timer_hz > PERFQ_CLOCK_HZ_MAX)
-    return corrupt(fmt::format("timer_hz {} is outside 1..{}", h.timer_hz, PERFQ_CLOCK_HZ_MAX));
-
-  const auto* name = h.device_name;
-  const auto* nul = static_cast<const uint8_t*>(std::memchr(name, 0, PERFQ_DEVICE_NAME_LEN));
-  if (!nul) return corrupt("device_name has no terminating NUL in its 64 bytes");
-  if (nul == name) return corrupt("device_name is empty");
-  for (const uint8_t* p = name; p < nul; ++p)
-    if (*p < 0x20 || *p > 0x7e)
-      return corrupt(fmt::format("device_name has a non-printable byte {:#04x} at offset {}", *p,
-                                 p - name));
-  for (const uint8_t* p = nul; p < name + PERFQ_DEVICE_NAME_LEN; ++p)
-    if (*p != 0)
+  const perfq_header_check c = perfq_check_region_header(&h, mapped_len);
+  const char* n = perfq_section_name(c.index);
+  switch (c.fault) {
+    case PERFQ_HDR_OK: return Status::ok();
+    case PERFQ_HDR_SHORT:
+      return corrupt(fmt::format("region of {} bytes is smaller than its {}-byte header", c.a, c.b));
+    case PERFQ_HDR_MAGIC:
+      return corrupt(fmt::format(
+          "magic {:#018x} is not {:#018x} (not a perfq region, or not initialized yet)", c.a,
+          PERFQ_REGION_MAGIC));
+    case PERFQ_HDR_ABI_VERSION:
+      return corrupt(fmt::format("abi_version {} is not the supported version {}", c.a,
+                                 PERFQ_ABI_VERSION));
+    case PERFQ_HDR_HEADER_SIZE:
+      return corrupt(fmt::format("header_size {} is not {}", c.a, sizeof(perfq_region_header)));
+    case PERFQ_HDR_FEATURES:
+      return corrupt(fmt::format("features {:#x} has unknown bits {:#x}", c.a, c.b));
+    case PERFQ_HDR_REGION_SIZE:
+      return corrupt(fmt::format("region_size {} is not a page multiple within the {} bytes mapped",
+                                 c.a, c.b));
+    case PERFQ_HDR_RECORD_SIZE:
+      return corrupt(fmt::format("record_size {} is not {}", c.a, PERFQ_RECORD_SIZE));
+    case PERFQ_HDR_RING_CAPACITY:
+      return corrupt(fmt::format("ring_capacity {} is not a power of two in [{}, {}]", c.a,
+                                 PERFQ_RING_CAPACITY_MIN, PERFQ_RING_CAPACITY_MAX));
+    case PERFQ_HDR_DICT_CAPACITY:
+      return corrupt(fmt::format("dict_capacity {} does not fit in the region of {} bytes", c.a,
+                                 c.b));
+    case PERFQ_HDR_DEVICE_CLOCK_HZ:
+      return corrupt(fmt::format("device_clock_hz {} is outside 1..{}", c.a, PERFQ_CLOCK_HZ_MAX));
+    case PERFQ_HDR_TIMER_HZ:
+      return corrupt(fmt::format("timer_hz {} is outside 1..{}", c.a, PERFQ_CLOCK_HZ_MAX));
+    case PERFQ_HDR_NAME_UNTERMINATED:
+      return corrupt("device_name has no terminating NUL in its 64 bytes");
+    case PERFQ_HDR_NAME_EMPTY: return corrupt("device_name is empty");
+    case PERFQ_HDR_NAME_BYTE:
+      return corrupt(fmt::format("device_name has a non-printable byte {:#04x} at offset {}", c.a,
+                                 c.index));
+    case PERFQ_HDR_NAME_TAIL:
       return corrupt(fmt::format("device_name has a nonzero byte {:#04x} after its NUL at offset {}",
-                                 *p, p - name));
-
-  for (int id = 0; id < PERFQ_SECTION_COUNT; ++id) {
-    const perfq_section& s = h.sections[id];
-    const char* n = kSectionNames[id];
-    if (s.offset % kPage != 0 || s.size % kPage != 0)
-      return corrupt(fmt::format("sections[{}] offset {} size {} is not page aligned", n, s.offset,
-                                 s.size));
-    if (s.offset > h.region_size || s.size > h.region_size - s.offset)
-      return corrupt(fmt::format("sections[{}] offset {} size {} runs past region_size {}", n,
-                                 s.offset, s.size, h.region_size));
-    const uint64_t min = min_section_size(h, id);
-    if (s.size < min)
-      return corrupt(fmt::format("sections[{}] size {} is smaller than the {} bytes it must hold",
-                                 n, s.size, min));
-  }
-  if (h.sections[PERFQ_SECTION_HEADER].offset != 0)
-    return corrupt(fmt::format("sections[header] offset {} is not 0",
-                               h.sections[PERFQ_SECTION_HEADER].offset));
-  for (int a = 0; a < PERFQ_SECTION_COUNT; ++a) {
-    for (int b = a + 1; b < PERFQ_SECTION_COUNT; ++b) {
-      const perfq_section& x = h.sections[a];
-      const perfq_section& y = h.sections[b];
-      if (x.size == 0 || y.size == 0) continue;
-      if (x.offset < y.offset + y.size && y.offset < x.offset + x.size)
-        return corrupt(fmt::format("sections[{}] [{}, {}) overlaps sections[{}] [{}, {})",
-                                   kSectionNames[a], x.offset, x.offset + x.size, kSectionNames[b],
-                                   y.offset, y.offset + y.size));
+                                 c.a, c.index));
+    case PERFQ_HDR_SECTION_ALIGN:
+      return corrupt(fmt::format("sections[{}] offset {} size {} is not page aligned", n, c.a, c.b));
+    case PERFQ_HDR_SECTION_BOUNDS:
+      return corrupt(fmt::format("sections[{}] offset {} size {} runs past region_size {}", n, c.a,
+                                 c.b, h.region_size));
+    case PERFQ_HDR_SECTION_SMALL:
+      return corrupt(fmt::format("sections[{}] size {} is smaller than the {} bytes it must hold", n,
+                                 c.a, c.b));
+    case PERFQ_HDR_HEADER_OFFSET:
+      return corrupt(fmt::format("sections[header] offset {} is not 0", c.a));
+    case PERFQ_HDR_SECTION_OVERLAP: {
+      const perfq_section& x = h.sections[c.index];
+      const perfq_section& y = h.sections[c.index2];
+      return corrupt(fmt::format("sections[{}] [{}, {}) overlaps sections[{}] [{}, {})", n, x.offset,
+                                 x.offset + x.size, perfq_section_name(c.index2), y.offset,
+                                 y.offset + y.size));
     }
+    case PERFQ_HDR_RESERVED:
+      return corrupt(fmt::format("reserved[{}] is {:#x}, must be zero", c.index, c.a));
   }
-  for (size_t i = 0; i < std::size(h.reserved); ++i)
-    if (h.reserved[i] != 0)
-      return corrupt(fmt::format("reserved[{}] is {:#x}, must be zero", i, h.reserved[i]));
-  return Status::ok();
+  return corrupt(fmt::format("unknown fault {}", static_cast<int>(c.fault)));
 }
 
 Status Region::write_layout(uint8_t* base, uint64_t len, const RegionGeometry& g,
