@@ -110,7 +110,10 @@ static int perfq_validate_header(struct device *dev, const struct perfq_region_h
 
 	if (c.fault == PERFQ_HDR_OK)
 		return 0;
-	if (c.fault == PERFQ_HDR_SECTION_OVERLAP)
+	if (c.fault == PERFQ_HDR_MAGIC)
+		dev_err(dev, "region header: magic %#018llx is not %#018llx (not a perfq region, or not initialized yet); device refused\n",
+			c.a, PERFQ_REGION_MAGIC);
+	else if (c.fault == PERFQ_HDR_SECTION_OVERLAP)
 		dev_err(dev, "region header: sections %s and %s overlap; device refused\n",
 			perfq_section_name(c.index), perfq_section_name(c.index2));
 	else if (c.fault >= PERFQ_HDR_SECTION_ALIGN && c.fault <= PERFQ_HDR_SECTION_SMALL)
