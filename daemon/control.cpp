@@ -1,5 +1,7 @@
 #include "control.h"
 
+#include "perfq/json_lines.h"
+
 #include <poll.h>
 #include <pthread.h>
 #include <sys/socket.h>
@@ -24,17 +26,9 @@ namespace {
 // A control client silent this long is hung up on.
 constexpr int kIdleTimeoutMs = 60'000;
 
+// One reply line (perfq/json_lines.h); false when the client is gone.
 bool send_line(int fd, const json& j) {
-  std::string s = j.dump(-1, ' ', false, json::error_handler_t::replace);
-  s.push_back('\n');
-  size_t off = 0;
-  while (off < s.size()) {
-    const ssize_t n = ::send(fd, s.data() + off, s.size() - off, MSG_NOSIGNAL);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) return false;
-    off += static_cast<size_t>(n);
-  }
-  return true;
+  return perfq::send_line(fd, j.dump(-1, ' ', false, json::error_handler_t::replace)).is_ok();
 }
 
 json error(const std::string& msg) { return {{"ok", false}, {"error", msg}}; }
@@ -129,14 +123,13 @@ void ControlServer::accept_one() {
 
 void ControlServer::serve(UniqueFd conn) {
   const Peer peer = peer_of(conn.get());
-  std::string buf;
+  perfq::LineBuffer buf(kMaxRequestBytes);
   bool first = true;
-  char chunk[4096];
   while (!closing_) {
     // One line at a time.
-    size_t nl;
-    while ((nl = buf.find('\n')) == std::string::npos) {
-      if (buf.size() > kMaxRequestBytes) {
+    std::optional<std::string> next;
+    while (!(next = buf.next_line())) {
+      if (buf.overflow()) {
         send_line(conn.get(), error("request longer than " + std::to_string(kMaxRequestBytes) +
                                     " bytes; closing the connection"));
         spdlog::warn("{}: request over {} bytes refused", peer.describe(), kMaxRequestBytes);
@@ -149,18 +142,15 @@ void ControlServer::serve(UniqueFd conn) {
         if (errno == EINTR) continue;
         return;
       }
-      const ssize_t n = ::recv(conn.get(), chunk, sizeof(chunk), 0);
-      if (n < 0 && errno == EINTR) continue;
+      const long n = perfq::recv_chunk(conn.get(), buf, nullptr);  // passed fds are closed
       if (n <= 0) return;  // hung up
-      buf.append(chunk, static_cast<size_t>(n));
     }
-    if (nl > kMaxRequestBytes) {
+    const std::string line = std::move(*next);
+    if (line.size() > kMaxRequestBytes) {
       send_line(conn.get(), error("request longer than " + std::to_string(kMaxRequestBytes) +
                                   " bytes; closing the connection"));
       return;
     }
-    const std::string line = buf.substr(0, nl);
-    buf.erase(0, nl + 1);
     if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
     json req = json::parse(line, nullptr, false);
     if (req.is_discarded() || !req.is_object()) {

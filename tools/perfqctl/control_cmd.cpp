@@ -19,6 +19,7 @@
 #include <thread>
 
 #include "commands.h"
+#include "perfq/json_lines.h"
 #include "perfq/pci.h"
 #include "perfq/pci_scan.h"
 
@@ -26,6 +27,10 @@ namespace perfqctl {
 namespace {
 
 using nlohmann::json;
+using perfq::LineBuffer;
+using perfq::recv_chunk;
+using perfq::send_line;
+using perfq::Status;
 
 constexpr const char* kDefaultSocket = "/run/perfq/perfqd.sock";
 
@@ -68,20 +73,11 @@ class Client {
   // Sends req and returns the final reply; interim progress lines go to
   // `progress`.  On a transport failure returns {"ok":false,"error":...}.
   json request(const json& req, const std::function<void(const json&)>& progress = {}) {
-    std::string s = req.dump() + "\n";
-    size_t off = 0;
-    while (off < s.size()) {
-      const ssize_t n = ::send(fd_, s.data() + off, s.size() - off, MSG_NOSIGNAL);
-      if (n < 0 && errno == EINTR) continue;
-      if (n <= 0) return failure(std::string("sending to the daemon: ") + std::strerror(errno));
-      off += static_cast<size_t>(n);
-    }
-    char chunk[65536];
+    if (Status s = send_line(fd_, req.dump()); !s)
+      return failure("sending to the daemon: " + s.message());
     while (true) {
-      size_t nl;
-      while ((nl = buf_.find('\n')) != std::string::npos) {
-        json j = json::parse(buf_.substr(0, nl), nullptr, false);
-        buf_.erase(0, nl + 1);
+      while (auto line = buf_.next_line()) {
+        json j = json::parse(*line, nullptr, false);
         if (j.is_discarded() || !j.is_object())
           return failure("the daemon sent a reply that is not JSON");
         if (j.contains("progress")) {
@@ -90,11 +86,11 @@ class Client {
         }
         return j;
       }
-      const ssize_t n = ::recv(fd_, chunk, sizeof(chunk), 0);
-      if (n < 0 && errno == EINTR) continue;
-      if (n < 0) return failure(std::string("reading the daemon's reply: ") + std::strerror(errno));
+      if (buf_.overflow()) return failure("the daemon sent a reply line over 64 MiB");
+      const long n = recv_chunk(fd_, buf_, nullptr);
+      if (n < 0)
+        return failure(std::string("reading the daemon's reply: ") + std::strerror(static_cast<int>(-n)));
       if (n == 0) return failure("the daemon closed the connection without a reply (did it exit?)");
-      buf_.append(chunk, static_cast<size_t>(n));
     }
   }
 
@@ -102,7 +98,7 @@ class Client {
   static json failure(const std::string& m) { return {{"ok", false}, {"error", m}}; }
   std::string path_;
   int fd_ = -1;
-  std::string buf_;
+  LineBuffer buf_{64u << 20};  // a status of thousands of streams is large, not endless
 };
 
 int fail(const std::string& cmd, const std::string& msg) {
