@@ -8,7 +8,11 @@ device time with the truth. Two scenarios:
   a  mode A, one device 4000 s ahead drifting -400 ppm (both directions
      vary per run), 3 workers at 200 k records/s in all, 8 s;
   b  mode B, two devices at +4 s / +80 ppm and -4 s / -50 ppm, 20 k
-     records/s each, 6 s.
+     records/s each, 6 s;
+  c  hostile clocks: one device, mode A or B, a drift from -100 000 to
+     +100 000 ppm (a mis-declared rate looks so), 0 or 3 us of jitter on
+     every clock read, and a step of the device clock either way (or none)
+     2 s into a 5 s run at 20 k records/s.
 
 Every other run also loads the CPUs with busy loops (--load-every), as a
 busy machine would. A run fails when a record lies outside the claim the
@@ -20,7 +24,7 @@ counted (unbounded) beside those with claims over 1 us (loose). The summary give
 p99 and max over the runs and how many records were beyond 1 us (scenario
 a: after the first second, as in the issue that asked for it).
 
-  scripts/accuracy.py --build build                # 30 runs of a, 10 of b
+  scripts/accuracy.py --build build                # 30 runs of a, 10 of b, 10 of c
   scripts/accuracy.py --runs-a 5 --runs-b 0 --keep  # keep the failing runs' files
 
 Exit status: 0 when every run passed, 1 when one failed, 2 on bad usage.
@@ -67,17 +71,28 @@ def run_tool(args, what):
 
 
 def scenario_devices(name, rng):
-    """(devsim args per device, seconds to skip before counting beyond 1 us)."""
+    """(devsim args per device, seconds to skip before counting beyond 1 us,
+    daemon sync mode)."""
     if name == "a":
         sign = rng.choice((1, -1))
         off = sign * 4_000_000_000_000
         drift = -rng.choice((300, 400, 500)) * rng.choice((1, 1, -1))
         return [["--workers", "3", "--rate", "200000", "--clock-offset-ns", str(off),
-                 "--clock-drift-ppm", str(drift), "--duration", "8", "--device-name", "dev0"]], 1.0
+                 "--clock-drift-ppm", str(drift), "--duration", "8", "--device-name", "dev0"]], 1.0, "a"
+    if name == "c":
+        drift = rng.choice((-100000, -5000, -35, 35, 20000, 100000))
+        jitter = rng.choice((0, 3000))
+        step = rng.choice((0, 5_000_000, -50_000_000, 300_000_000, -1_000_000_000))
+        args = ["--workers", "2", "--rate", "20000", "--clock-offset-ns",
+                str(rng.choice((1, -1)) * 2_570_000_000), "--clock-drift-ppm", str(drift),
+                "--clock-jitter-ns", str(jitter), "--duration", "5", "--device-name", "dev0"]
+        if step:
+            args += ["--clock-step-at", "2", "--clock-step-ns", str(step)]
+        return [args], 0.0, rng.choice(("a", "b"))
     return [["--workers", "2", "--rate", "20000", "--clock-offset-ns", "4000000000",
              "--clock-drift-ppm", "80", "--duration", "6", "--device-name", "devA"],
             ["--workers", "2", "--rate", "20000", "--clock-offset-ns", "-4000000000",
-             "--clock-drift-ppm", "-50", "--duration", "6", "--device-name", "devB"]], 0.0
+             "--clock-drift-ppm", "-50", "--duration", "6", "--device-name", "devB"]], 0.0, "b"
 
 
 def one_run(bindir, name, loaded, rng, slack_ns, keep_dir):
@@ -87,7 +102,7 @@ def one_run(bindir, name, loaded, rng, slack_ns, keep_dir):
     regions = []
     ok = False
     try:
-        devs, skip_s = scenario_devices(name, rng)
+        devs, skip_s, mode = scenario_devices(name, rng)
         if loaded:
             for _ in range(os.cpu_count() or 2):
                 hogs.append(subprocess.Popen(["sh", "-c", "while :; do :; done"]))
@@ -111,7 +126,7 @@ def one_run(bindir, name, loaded, rng, slack_ns, keep_dir):
         start = [f"{bindir}/perfqctl", "--socket", sock, "start", "-o", trace]
         for r in regions:
             start += ["--device", "shm:" + r]
-        if name == "b":
+        if mode == "b":
             start += ["--sync-mode", "b"]
         run_tool(start, "perfqctl start")
         for p in procs:
@@ -168,7 +183,8 @@ def one_run(bindir, name, loaded, rng, slack_ns, keep_dir):
                 if truth - t0 >= skip_s * 1e9:
                     errs[src].append(e)
         os.unlink(csv)
-        out = {"scenario": name, "loaded": loaded, "devices": {}}
+        out = {"scenario": name, "loaded": loaded, "mode": mode,
+               "devsim": [" ".join(d) for d in devs], "devices": {}}
         for src, e in errs.items():
             e.sort()
             n = len(e)
@@ -223,6 +239,7 @@ def main():
     ap.add_argument("--build", default="build", help="build tree (its bin/ is used)")
     ap.add_argument("--runs-a", type=int, default=30, help="runs of scenario a (default 30)")
     ap.add_argument("--runs-b", type=int, default=10, help="runs of scenario b (default 10)")
+    ap.add_argument("--runs-c", type=int, default=10, help="runs of scenario c (default 10)")
     ap.add_argument("--load-every", type=int, default=2,
                     help="every Nth run loads the CPUs (0: never; default 2)")
     ap.add_argument("--slack-ns", type=int, default=200,
@@ -239,8 +256,10 @@ def main():
             return 2
     seed = a.seed if a.seed is not None else random.randrange(1 << 30)
     rng = random.Random(seed)
-    print(f"accuracy: seed {seed}; {a.runs_a} runs of scenario a, {a.runs_b} of b", flush=True)
-    plan = [("a", i) for i in range(a.runs_a)] + [("b", i) for i in range(a.runs_b)]
+    print(f"accuracy: seed {seed}; {a.runs_a} runs of scenario a, {a.runs_b} of b, "
+          f"{a.runs_c} of c", flush=True)
+    plan = ([("a", i) for i in range(a.runs_a)] + [("b", i) for i in range(a.runs_b)] +
+            [("c", i) for i in range(a.runs_c)])
     results = []
     for k, (name, i) in enumerate(plan):
         loaded = a.load_every > 0 and i % a.load_every == a.load_every - 1
@@ -253,10 +272,12 @@ def main():
                          f"{d['loose']} claims > 1 us, {d['unbounded']} unbounded"
                          for s, d in r["devices"].items())
         status = "ok" if not r["problems"] else "FAIL: " + "; ".join(r["problems"])
+        if name == "c" and "devsim" in r:
+            status += f" [mode {r['mode']}: {r['devsim'][0]}]"
         print(f"[{k + 1}/{len(plan)}] {name}{' loaded' if loaded else ''} "
               f"({r['seconds']} s): {devs} - {status}", flush=True)
     failed = [r for r in results if r["problems"]]
-    for name in ("a", "b"):
+    for name in ("a", "b", "c"):
         rs = [r for r in results if r["scenario"] == name]
         if not rs:
             continue

@@ -40,7 +40,9 @@ void DeviceCollector::poll_mailbox() {
   auto own = read_sample_batch(&page->device_samples);
   if (!own || own->round != host->round) return;
   mailbox_round_ = host->round;
-  auto obs = make_observation(host->samples, own->samples, mode_b_.sync().rates(), {}, host->round);
+  const ClockSync& cs = mode_b_.sync();
+  auto obs = make_observation(host->samples, own->samples, cs.rates(),
+                              selection_for({}, cs.current(), cs.rates()), host->round);
   if (obs) (void)mode_b_.add(*obs);
   converting_ = mode_b_.ready();
 }

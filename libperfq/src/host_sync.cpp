@@ -86,7 +86,8 @@ Result<RoundResult> HostSync::round() {
     if (now - t0 > opts_.batch_spin_ns) futex_wait(round_word, seen, std::chrono::milliseconds(1));
   }
 
-  auto obs = make_observation(*host, dev->samples, rates_, opts_.selection, r);
+  auto obs = make_observation(*host, dev->samples, rates_,
+                              selection_for(opts_.selection, sync_.current(), rates_), r);
   if (!obs) return Status(obs.status().code(), device_.spec() + ": sync round " +
                                                    std::to_string(r) + ": " +
                                                    obs.status().message());

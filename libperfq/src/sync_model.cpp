@@ -765,8 +765,29 @@ void narrow_steps(OfflineFit& fit, std::span<const SyncObservation> all, const S
 
 }  // namespace
 
+namespace {
+OfflineFit fit_offline_rounds_with(std::span<const SyncRound> rounds, const ClockRates& rates,
+                                   const SyncConfig& cfg, const SelectionConfig& sel,
+                                   bool refine_rate);
+}  // namespace
+
+SelectionConfig selection_for(const SelectionConfig& base, const ClockModel& m,
+                              const ClockRates& rates) {
+  if (!m.valid) return base;
+  SelectionConfig s = base;
+  s.rate_error = std::max(base.rate_error, 1.5 * std::fabs(m.device_drift_ppb(rates)) * 1e-9);
+  return s;
+}
+
 OfflineFit fit_offline_rounds(std::span<const SyncRound> rounds, const ClockRates& rates,
                               const SyncConfig& cfg, const SelectionConfig& sel) {
+  return fit_offline_rounds_with(rounds, rates, cfg, sel, true);
+}
+
+namespace {
+OfflineFit fit_offline_rounds_with(std::span<const SyncRound> rounds, const ClockRates& rates,
+                                   const SyncConfig& cfg, const SelectionConfig& sel,
+                                   bool refine_rate) {
   std::vector<SyncObservation> all;
   all.reserve(rounds.size());
   for (const auto& r : rounds) {
@@ -786,8 +807,15 @@ OfflineFit fit_offline_rounds(std::span<const SyncRound> rounds, const ClockRate
   if (tight < 2) std::fill(loose.begin(), loose.end(), 0);
   OfflineFit fit = fit_offline(all, rates, cfg, loose);
   narrow_steps(fit, all, cfg);
+  // A clock far off its nominal rate: the rounds again, allowing for it
+  // (selection_for()), as the online tracker did once it knew.
+  if (refine_rate && !fit.model.empty() && !fit.model.segments().back().knots.empty()) {
+    const SelectionConfig wider = selection_for(sel, fit.model.segments().back().knots.back(), rates);
+    if (wider.rate_error > sel.rate_error) return fit_offline_rounds_with(rounds, rates, cfg, wider, false);
+  }
   return fit;
 }
+}  // namespace
 
 // ---- RoundGate ---------------------------------------------------------------------------
 
@@ -838,7 +866,8 @@ DeviceClockSync::DeviceClockSync(const ClockRates& rates, const SyncConfig& cfg,
 Result<ClockSync::Verdict> DeviceClockSync::update(std::span<const perfq_clock_sample> host_samples,
                                                    std::span<const perfq_clock_sample> device_samples,
                                                    uint32_t round) {
-  auto o = make_observation(host_samples, device_samples, sync_.rates(), sel_, round);
+  auto o = make_observation(host_samples, device_samples, sync_.rates(),
+                            selection_for(sel_, sync_.current(), sync_.rates()), round);
   if (!o) return o.status();
   return add(o.value());
 }

@@ -841,7 +841,9 @@ TEST_CASE("sync: mode B, the device converts its own record times", "[sync]") {
     write_sample_batch(&page->mailbox, rd.round, rd.host);
     auto v = dev.update_from_page(page.get(), rd.device, rd.round);
     REQUIRE(v.is_ok());
-    (void)host.add(make_observation(rd.host, rd.device, sim.rates(), {}, rd.round).value());
+    (void)host.add(make_observation(rd.host, rd.device, sim.rates(),
+                                    selection_for({}, host.current(), sim.rates()), rd.round)
+                       .value());
   }
   CHECK(dev.update_from_page(page.get(), rounds.back().device, 9999).status().code() == Errc::kUnavailable);
   REQUIRE(dev.ready());

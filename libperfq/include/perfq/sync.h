@@ -106,6 +106,18 @@ struct SelectionConfig {
 // error.  Combines, at one instant,
 //   H - D = (H1 + H2)/2 - R2 - (D - R1),  R1 = (R1before + R1after)/2,
 // with R converted to ns (and to device ticks) at its nominal rate.
+// The selection for a device's next round given its model: a device clock
+// measured far off its nominal rate (a mis-declared clock or timer rate, or
+// a timer derived from a clock that is) makes the timer's nominal rate as
+// doubtful, so the observation allows for 1.5 x the measured drift of rate
+// error, not only base.rate_error (1000 ppm).  At -100 000 ppm with 3 us
+// jitter, without this, rounds claimed +-1 us while 3 us off.  The host,
+// mode B's device and the offline fit all take it, so that the same rounds
+// give them the same model.
+struct ClockModel;
+SelectionConfig selection_for(const SelectionConfig& base, const ClockModel& m,
+                              const ClockRates& rates);
+
 Result<SyncObservation> make_observation(std::span<const perfq_clock_sample> host,
                                          std::span<const perfq_clock_sample> device,
                                          const ClockRates& rates,
