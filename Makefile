@@ -7,9 +7,9 @@
 #   make qemu-shell boot the QEMU guest interactively (driver and tools inside)
 #   make demo     build and run the demonstration
 #   make bench    build and run the benchmarks (figures in build/bench/results.json)
-#   make accuracy build, then record devsim --truth 40 times (two scenarios, half
-#                 of the runs on loaded CPUs) and check every device time against
-#                 the truth and the claimed bound (~10 min; build/accuracy.json)
+#   make accuracy build, then record devsim --truth 50 times (three scenarios, half
+#                 of them on loaded CPUs) and check every device time against
+#                 the truth and its own claim (~12 min; build/accuracy.json)
 #   make deps     install the Debian packages perfq needs (only what is missing)
 #   make install  install into PREFIX (default /usr/local), under DESTDIR if set
 #   make uninstall  remove what make install put there
