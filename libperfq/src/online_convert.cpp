@@ -232,11 +232,13 @@ bool OnlineConverter::convert(const perfq_record& r, const StreamClock& sc, uint
   if (segs.size() <= 1 || m->current.segment < lo) {
     // One segment (or none of this epoch's yet: forced, the newest).
     if (m->current.segment < lo && !force) return false;
+    // Beyond the newest round (most records, when they are first seen: no
+    // claim to compute), or covered by a model looser than this device's
+    // good rounds make it (fitted while the first rounds were loose): wait
+    // for a round that covers or tightens it.
+    if (!force && time_diff(m->covered_device, r.time) < 0) return false;
     const double claim = m->current.claim_at(r.time);
-    // Beyond the newest round, or covered by a model looser than this
-    // device's good rounds make it (fitted while the first rounds were
-    // loose): wait for a round that covers or tightens it.
-    if (!force && (time_diff(m->covered_device, r.time) < 0 || claim > m->tight_ns)) return false;
+    if (!force && claim > m->tight_ns) return false;
     out->time_ns = t_of(m->current);
     out->claim_ns = stored_claim(claim);
     out->conv = force ? TraceConversion::kForced : TraceConversion::kModel;

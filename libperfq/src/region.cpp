@@ -16,16 +16,11 @@ constexpr uint64_t kPage = PERFQ_PAGE_SIZE;
 
 constexpr uint64_t round_up_page(uint64_t v) { return (v + kPage - 1) / kPage * kPage; }
 
-// The smallest size a reader accepts for each section of header h.
-uint64_t min_section_size(const perfq_region_header& h, int id) { return perfq_min_section_size(&h, id); }
-
 Status corrupt(std::string msg) { return Status(Errc::kCorrupt, "region header: " + msg); }
 
 }  // namespace
 
-const char* section_name(int id) {
-  return id >= 0 && id < PERFQ_SECTION_COUNT ? perfq_section_name(id) : "unknown";
-}
+const char* section_name(int id) { return perfq_section_name(id); }
 
 Result<perfq_region_header> layout_region(const RegionGeometry& g) {
   if (!is_pow2(g.ring_capacity) || g.ring_capacity < PERFQ_RING_CAPACITY_MIN ||
@@ -62,7 +57,7 @@ Result<perfq_region_header> layout_region(const RegionGeometry& g) {
 
   uint64_t off = 0;
   for (int id = 0; id < PERFQ_SECTION_COUNT; ++id) {
-    uint64_t size = id == PERFQ_SECTION_APP ? g.app_size : min_section_size(h, id);
+    uint64_t size = id == PERFQ_SECTION_APP ? g.app_size : perfq_min_section_size(&h, id);
     size = round_up_page(std::max<uint64_t>(size, id == PERFQ_SECTION_APP ? 0 : 1));
     h.sections[id] = perfq_section{off, size};
     off += size;

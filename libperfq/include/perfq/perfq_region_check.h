@@ -84,7 +84,7 @@ static inline const char *perfq_section_name(int id)
 	static const char *const names[PERFQ_SECTION_COUNT] = {
 		"header", "dev_ctrl", "host_ctrl", "timer", "sync", "dict", "app", "ring",
 	};
-	return id >= 0 && id < PERFQ_SECTION_COUNT ? names[id] : "?";
+	return id >= 0 && id < PERFQ_SECTION_COUNT ? names[id] : "unknown";
 }
 
 /* The bytes section `id` must hold at least. */
