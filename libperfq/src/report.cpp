@@ -132,8 +132,37 @@ uint64_t event_key(uint16_t source, uint32_t event) {
   return (uint64_t{source} << 32) | event;
 }
 
+// Where losses were seen: loss reports arrive in file order (a loss chunk
+// written at the stop may come before records of earlier times), so first
+// and last are by time.
+struct LossesSeen {
+  uint64_t events = 0;
+  int64_t first_ns = 0;
+  uint64_t first_index = 0;
+  int64_t last_ns = 0;
+  void note(int64_t t, uint64_t index) {
+    if (events == 0 || t < first_ns) {
+      first_ns = t;
+      first_index = index;
+    }
+    if (events == 0 || t > last_ns) last_ns = t;
+    ++events;
+  }
+  void add(const LossesSeen& o) {
+    if (o.events == 0) return;
+    if (events == 0 || o.first_ns < first_ns) {
+      first_ns = o.first_ns;
+      first_index = o.first_index;
+    }
+    if (events == 0 || o.last_ns > last_ns) last_ns = o.last_ns;
+    events += o.events;
+  }
+};
+
 struct StreamState {
   ReportStream stat;
+  LossesSeen reported;  // LOST records and loss reports
+  LossesSeen gaps;      // index gaps (losses only if they are not filled later)
   bool seen = false;
   uint64_t last_index = 0;
   std::vector<std::pair<uint32_t, int64_t>> open;  // BEGIN event, time
@@ -232,7 +261,7 @@ class Analyzer : public TraceVisitor {
     for (const auto& l : ls) {
       StreamState& st = stream(l.source, l.stream);
       st.stat.reported_lost += l.count;
-      note_loss(st, l.time_ns, l.last_index + 1);
+      st.reported.note(l.time_ns, l.last_index + 1);
     }
     return Status::ok();
   }
@@ -264,6 +293,14 @@ class Analyzer : public TraceVisitor {
     const double secs = static_cast<double>(r_.duration_ns) / 1e9;
     for (auto& [key, st] : streams_) {
       st.stat.lost = std::max(st.stat.reported_lost, st.stat.gap_lost);
+      // Gaps that records sorted late filled were no losses (a stream's
+      // times converted out of order: around a clock step, say).
+      LossesSeen seen = st.reported;
+      if (st.stat.gap_lost > 0) seen.add(st.gaps);
+      st.stat.loss_events = seen.events;
+      st.stat.first_loss_ns = seen.first_ns;
+      st.stat.first_loss_index = seen.first_index;
+      st.stat.last_loss_ns = seen.last_ns;
       if (is_device(st.stat.source)) {
         r_.lost_device += st.stat.lost;
       } else {
@@ -332,16 +369,6 @@ class Analyzer : public TraceVisitor {
     return st;
   }
 
-  // Loss reports arrive in file order (a loss chunk written at the stop may
-  // come before records of earlier times): first and last are by time.
-  static void note_loss(StreamState& st, int64_t t, uint64_t index) {
-    if (st.stat.loss_events == 0 || t < st.stat.first_loss_ns) {
-      st.stat.first_loss_ns = t;
-      st.stat.first_loss_index = index;
-    }
-    if (st.stat.loss_events == 0 || t > st.stat.last_loss_ns) st.stat.last_loss_ns = t;
-    ++st.stat.loss_events;
-  }
 
   // Event info, cached per (source, event).
   struct EvInfo {
@@ -377,7 +404,7 @@ class Analyzer : public TraceVisitor {
     ++st.stat.records;
     if (st.seen && rec.index > st.last_index + 1) {
       st.stat.gap_lost += rec.index - st.last_index - 1;
-      note_loss(st, t, rec.index);
+      st.gaps.note(t, rec.index);
     } else if (st.seen && rec.index < st.last_index && st.stat.gap_lost > 0) {
       // A record that sorted after a later one of its stream (two device
       // times a model change converted out of order) fills the gap it
@@ -401,7 +428,7 @@ class Analyzer : public TraceVisitor {
     switch (in.kind()) {
       case PERFQ_KIND_LOST:
         st.stat.reported_lost += rec.arg;
-        note_loss(st, t, rec.index);
+        st.reported.note(t, rec.index);
         break;
       case PERFQ_KIND_BEGIN:
         if (st.open.size() < 1024) st.open.emplace_back(rec.event, t);
