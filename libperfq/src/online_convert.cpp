@@ -229,18 +229,24 @@ bool OnlineConverter::convert(const perfq_record& r, const StreamClock& sc, uint
                           ? epoch_floor_[epoch + 1] - 1
                           : UINT32_MAX;
   const auto t_of = [&](const ClockModel& k) { return static_cast<int64_t>(k.to_host(r.time)); };
+  const bool beyond = time_diff(m->covered_device, r.time) < 0;
   if (segs.size() <= 1 || m->current.segment < lo) {
-    // One segment (or none of this epoch's yet: forced, the newest).
-    if (m->current.segment < lo && !force) return false;
+    // One segment, or none of this epoch's yet: the device clock went back
+    // and no round has seen where to (forced: the newest, with no bound,
+    // for the model is known not to hold there).
+    const bool unseen_step = m->current.segment < lo;
+    if (unseen_step && !force) return false;
     // Beyond the newest round (most records, when they are first seen: no
     // claim to compute), or covered by a model looser than this device's
     // good rounds make it (fitted while the first rounds were loose): wait
     // for a round that covers or tightens it.
-    if (!force && time_diff(m->covered_device, r.time) < 0) return false;
+    if (!force && beyond) return false;
     const double claim = m->current.claim_at(r.time);
     if (!force && claim > m->tight_ns) return false;
     out->time_ns = t_of(m->current);
-    out->claim_ns = stored_claim(claim);
+    // Forced past the newest round, no round saw the time: a step there
+    // would be unseen, so there is no bound to claim.
+    out->claim_ns = unseen_step || beyond ? kClaimUnbounded : stored_claim(claim);
     out->conv = force ? TraceConversion::kForced : TraceConversion::kModel;
     return true;
   }
@@ -262,7 +268,9 @@ bool OnlineConverter::convert(const perfq_record& r, const StreamClock& sc, uint
     if (sg.knots.empty() || sg.id < lo || sg.id > hi) continue;
     const ClockModel k = h.model_at(r.time, sg.id);
     const int64_t t = t_of(k);
-    const double claim = k.claim_at(r.time);
+    // An older model's rate may be its prior's (a segment of one round):
+    // the current model's says how far off it is.
+    const double claim = k.claim_at(r.time, m->current);
     const double tol = claim + 1000;
     const uint64_t from = i > 0 ? segs[i - 1].last_host : 0;
     const uint64_t until = i + 1 < segs.size() ? segs[i + 1].first_host : 0;
@@ -290,9 +298,14 @@ bool OnlineConverter::convert(const perfq_record& r, const StreamClock& sc, uint
   // The newest of the best is the current segment's: only once a round
   // after the time is in (interpolation), and the model tight there.
   const bool current = chosen->seg + 1 == segs.size() && segs.back().id == m->current.segment;
-  if (current && !force &&
-      (time_diff(m->covered_device, r.time) < 0 || chosen->claim > m->tight_ns))
-    return false;
+  if (current && !force && (beyond || chosen->claim > m->tight_ns)) return false;
+  if (current && beyond) {
+    // Forced past the newest round: no bound (above).
+    out->time_ns = chosen->t;
+    out->claim_ns = kClaimUnbounded;
+    out->conv = TraceConversion::kForced;
+    return true;
+  }
   double claim = chosen->claim;
   for (size_t i = 0; i < nc; ++i)
     if (cand[i].cls == best_cls)
@@ -313,7 +326,8 @@ bool OnlineConverter::convert(const perfq_record& r, const StreamClock& sc, uint
 // model's segment is still the one of when the record was read, and no
 // round contradicted it then, the device's bound holds; otherwise the
 // device may have converted it across a step, and the time is kept
-// without a bound (unsynchronized).
+// without a bound (unsynchronized).  One forced before such a round came
+// has no bound either.
 bool OnlineConverter::confirm_device_time(const perfq_record& r, const ConversionModel* m,
                                           bool force, const Held::Read& rs,
                                           TraceRecord* out) const {
@@ -321,9 +335,10 @@ bool OnlineConverter::confirm_device_time(const perfq_record& r, const Conversio
   const bool covered = m && time_diff(r.time, static_cast<uint64_t>(m->covered_host)) <= 0;
   if (!force && !covered) return false;
   // Forced (no round after it came: the device stopped, or rounds stopped
-  // being taken): as unconfirmed as the daemon's own forced conversions.
+  // being taken): unconfirmed, as the daemon's own forced conversions past
+  // the newest round are, so without a bound.
   out->conv = covered ? TraceConversion::kDevice : TraceConversion::kForced;
-  const bool same = m && !rs.contradicted && rs.segment == m->current.segment;
+  const bool same = covered && !rs.contradicted && rs.segment == m->current.segment;
   out->claim_ns = same ? stored_claim(m->tight_ns) : kClaimUnbounded;
   return true;
 }

@@ -55,6 +55,10 @@ struct FitOut {
   long double xbar = 0;      // weighted mean x of the inliers
   long double var_ybar = 0;  // variance of the fitted value at xbar
   long double var_c = 0;     // variance of the slope
+  // The prior's pull on the slope, squared: (c - the data's own slope)^2.
+  // Negligible once rounds span a second; most of the slope for a young
+  // fit whose prior is wrong (a clock 5000 ppm off, a prior of +-1000).
+  long double bias_c2 = 0;
   double sigma = 0;          // robust sigma of the residuals (ns)
   size_t inliers = 0;
 
@@ -93,6 +97,10 @@ FitOut robust_fit(const std::vector<Pt>& p, std::vector<uint8_t>& in, long doubl
       }
     f.c = sxy / (sxx + lambda);
     f.a = ybar - f.c * xbar;
+    // One observation (or all at one device time) measures no slope at
+    // all: nothing but the prior vouches for it.
+    f.bias_c2 = sxx > 0 ? (f.c - sxy / sxx) * (f.c - sxy / sxx)
+                        : std::numeric_limits<long double>::infinity();
     f.xbar = xbar;
     long double chi2 = 0;
     tmp.clear();
@@ -138,17 +146,23 @@ Pt make_pt(const SyncObservation& o, uint64_t d_o, uint64_t h_o, long double s0,
   return Pt{x, y, 1 / (u * u / 3 + fl * fl), o.uncertainty_ns};
 }
 
-// The knot at origin o from a fit.
+// The knot at origin o from a fit.  `prior_measured`: the slope prior is
+// the device's own measured rate (a segment after a step, the offline
+// fit's whole segment), not the nominal one; otherwise the prior's pull
+// on the slope (FitOut::bias_c2) is part of the knot's rate sigma and of
+// its uncertainty at the origin, for the nominal prior may be wrong.
 ClockModel knot_from(const FitOut& f, const SyncObservation& o, long double s0, uint32_t segment,
-                     uint64_t valid_from) {
+                     uint64_t valid_from, bool prior_measured) {
   ClockModel m;
   m.device_ref = o.device_time;
   const long double fl = std::floor(f.a);
   m.host_ref = add_ns(o.host_ns, fl);
   m.host_frac = static_cast<double>(f.a - fl);
   m.ns_per_tick = s0 + f.c;
-  m.uncertainty_ns = 3 * std::sqrt(static_cast<double>(f.var_at(0)));
-  m.rate_sigma_ppb = std::sqrt(static_cast<double>(f.var_c)) * 1e9;  // relative to ns/tick
+  const long double bias2 = prior_measured ? 0 : f.bias_c2;
+  const long double off2 = f.xbar != 0 ? bias2 * f.xbar * f.xbar : 0;
+  m.uncertainty_ns = 3 * std::sqrt(static_cast<double>(f.var_at(0) + off2));
+  m.rate_sigma_ppb = std::sqrt(static_cast<double>(f.var_c + bias2)) * 1e9;  // relative to ns/tick
   m.valid_from_device = valid_from;
   m.segment = segment;
   m.valid = true;
@@ -185,7 +199,16 @@ double ClockModel::host_distance_ns(uint64_t d) const noexcept {
 }
 
 double ClockModel::claim_at(uint64_t d) const noexcept {
-  return uncertainty_ns + 3 * rate_sigma_ppb * 1e-9 * host_distance_ns(d);
+  // A rate sigma may be infinite (a first model of one observation).
+  const double dx = host_distance_ns(d);
+  return dx > 0 ? uncertainty_ns + 3 * rate_sigma_ppb * 1e-9 * dx : uncertainty_ns;
+}
+
+double ClockModel::claim_at(uint64_t d, const ClockModel& newer) const noexcept {
+  const double gap_ppb = std::fabs(static_cast<double>((ns_per_tick / newer.ns_per_tick - 1) * 1e9L));
+  const double rate_ppb = std::max(3 * rate_sigma_ppb, gap_ppb + 3 * newer.rate_sigma_ppb);
+  const double dx = host_distance_ns(d);
+  return dx > 0 ? uncertainty_ns + rate_ppb * 1e-9 * dx : uncertainty_ns;
 }
 
 double ClockModel::device_drift_ppb(const ClockRates& rates) const noexcept {
@@ -404,11 +427,13 @@ void ClockSync::refit() {
   fit_xbar_ = f.xbar;
   fit_var_ybar_ = f.var_ybar;
   fit_var_c_ = f.var_c;
+  fit_bias_c2_ = seg_prior_measured_ || !std::isfinite(f.bias_c2) ? 0 : f.bias_c2;
   sigma_ = f.sigma;
   current_ = knot_from(f, o, seg_slope0_, seg_id_,
                        history_.segments().back().knots.empty()
                            ? history_.segments().back().valid_from
-                           : o.device_time);
+                           : o.device_time,
+                       seg_prior_measured_);
 }
 
 void ClockSync::push_knot() {
@@ -458,13 +483,16 @@ void ClockSync::start_segment(const SyncObservation* first, const SyncObservatio
     const long double old_slope = current_.ns_per_tick;
     segs.back().valid_until = sat_add(last.device_time, gap / 2 / old_slope);
     s.valid_from = sat_add(head.device_time, -gap / 2 / old_slope);
-    // The device clock's rate does not change at a step: start from it.
+    // The device clock's rate does not change at a step: start from it
+    // (measured if the old segment had two observations, else the prior's).
     seg_slope0_ = old_slope;
     const long double floor_sd = 0.1e-6L * rates_.device_ns_per_tick();
-    seg_var0_ = std::max(fit_var_c_, floor_sd * floor_sd);
+    seg_var0_ = std::max(fit_var_c_ + fit_bias_c2_, floor_sd * floor_sd);
+    seg_prior_measured_ = seg_prior_measured_ || window_.size() >= 2;
   } else {
     seg_slope0_ = prior_slope_;
     seg_var0_ = prior_var_;
+    seg_prior_measured_ = false;
   }
   open_segment(std::move(s));
   if (first) {
@@ -578,6 +606,7 @@ void ClockSync::start_rate_segment(const SyncObservation& a, const SyncObservati
   const long double floor_sd = 0.1e-6L * rates_.device_ns_per_tick();
   seg_slope0_ = slope;
   seg_var0_ = std::max(slope_var, floor_sd * floor_sd);
+  seg_prior_measured_ = true;  // the line through three observations
   open_segment(std::move(s));
   keep.insert(keep.end(), {a, b, c});
   for (const auto& o : keep) {
@@ -667,6 +696,7 @@ OfflineFit fit_offline(std::span<const SyncObservation> obs, const ClockRates& r
   const size_t half = std::max<uint32_t>(cfg.offline_window, 2) / 2;
   long double prev_slope = rates.device_ns_per_tick();
   long double prev_var;
+  bool prev_measured = false;  // prev_slope is a segment's, not the nominal rate
   {
     const long double sd = cfg.prior_drift_ppm * 1e-6L * prev_slope;
     prev_var = sd * sd;
@@ -689,7 +719,9 @@ OfflineFit fit_offline(std::span<const SyncObservation> obs, const ClockRates& r
     const long double seg_slope = prev_slope + whole.c;
     // Local fits may bend away from the whole-segment slope where the data
     // says so (drift that changes with temperature), but not on noise.
-    const long double local_var = whole.var_c * 4 + 1e-30L;
+    // The first segment's prior is the nominal rate: its pull counts.
+    const long double whole_var = whole.var_c + (prev_measured ? 0 : whole.bias_c2);
+    const long double local_var = whole_var * 4 + 1e-30L;
 
     const size_t n = idx.size();
     for (size_t p = 0; p < n; ++p) {
@@ -703,14 +735,16 @@ OfflineFit fit_offline(std::span<const SyncObservation> obs, const ClockRates& r
         lp.push_back(make_pt(obs[idx[q]], o.device_time, o.host_ns, seg_slope, cfg));
       std::vector<uint8_t> lin(lp.size(), 1);
       const FitOut f = robust_fit(lp, lin, local_var, cfg);
-      seg.knots.push_back(knot_from(f, o, seg_slope, seg.id, p == 0 ? seg.valid_from : o.device_time));
+      seg.knots.push_back(
+          knot_from(f, o, seg_slope, seg.id, p == 0 ? seg.valid_from : o.device_time, true));
     }
     std::sort(seg.knots.begin(), seg.knots.end(),
               [](const ClockModel& a, const ClockModel& b) { return a.device_ref < b.device_ref; });
     out.model.mutable_segments().push_back(std::move(seg));
     prev_slope = seg_slope;
     const long double floor_sd = 0.1e-6L * rates.device_ns_per_tick();
-    prev_var = std::max(whole.var_c, floor_sd * floor_sd);
+    prev_var = std::max(whole_var, floor_sd * floor_sd);
+    prev_measured = prev_measured || idx.size() >= 2;
   }
   return out;
 }

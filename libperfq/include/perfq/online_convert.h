@@ -6,7 +6,8 @@
 // of its own segment, and carries the bound that model claims there
 // (TraceRecord::claim_ns).  Records the model cannot convert yet wait here,
 // in order per stream; one that waited max_wait_ns converts with whatever
-// model there is (TraceConversion::kForced, with that model's claim).
+// model there is (TraceConversion::kForced, with that model's claim where
+// a round after it is in the model, and without a bound where none is).
 // Mode B's times (PERFQ_CLOCK_HOST_BY_DEVICE) wait for a host round after
 // them, and keep the device's bound only if no step came between.  See
 // docs/sync.md, "When a device time converts" and "Around a clock step".

@@ -144,6 +144,13 @@ struct ClockModel {
   // carries): its uncertainty at its reference plus 3 sigma of its rate
   // over the distance.
   double claim_at(uint64_t d) const noexcept;
+  // The claim at d where `newer`, a later model of the same device, knows
+  // its rate better: a rate further from newer's than its own 3 sigma says
+  // (a first model's, whose rate is the prior's: nominal +-1000 ppm, for a
+  // clock 5000 ppm off) claims that difference, plus newer's 3 sigma, over
+  // the distance.  What the online converter claims with an older segment's
+  // model.
+  double claim_at(uint64_t d, const ClockModel& newer) const noexcept;
   // Whether d may be converted by extrapolation, without waiting for a
   // round after it: the rate is known well enough that 3 sigma of it over
   // the distance adds at most a quarter of the model's own uncertainty.
@@ -370,6 +377,8 @@ class ClockSync {
   // The last fit, relative to current_.device_ref: value variance at
   // fit_xbar_, slope variance (for the prediction's uncertainty).
   long double fit_xbar_ = 0, fit_var_ybar_ = 0, fit_var_c_ = 0;
+  long double fit_bias_c2_ = 0;      // the nominal prior's pull (knot_from())
+  bool seg_prior_measured_ = false;  // the segment's slope prior is a measured rate
   long double prior_slope_ = 1;  // nominal ns/tick and its prior variance
   long double prior_var_ = 0;
   long double seg_slope0_ = 1;  // the current segment's slope prior
