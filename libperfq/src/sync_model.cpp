@@ -720,7 +720,9 @@ OfflineFit fit_offline(std::span<const SyncObservation> obs, const ClockRates& r
     // Local fits may bend away from the whole-segment slope where the data
     // says so (drift that changes with temperature), but not on noise.
     // The first segment's prior is the nominal rate: its pull counts.
-    const long double whole_var = whole.var_c + (prev_measured ? 0 : whole.bias_c2);
+    // (A segment of one observation measures none: its prior stays.)
+    const long double whole_var =
+        whole.var_c + (prev_measured || !std::isfinite(whole.bias_c2) ? 0 : whole.bias_c2);
     const long double local_var = whole_var * 4 + 1e-30L;
 
     const size_t n = idx.size();
