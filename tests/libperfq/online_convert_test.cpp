@@ -66,6 +66,24 @@ perfq_record device_record(uint16_t stream, uint64_t index, uint64_t d, uint64_t
   return r;
 }
 
+// Two streams, 20 k records/s each, stamped from host time `from` to `to`
+// (true times 25 us apart), read together at `read` and fed to `conv`.
+struct TwoStreams {
+  const Clock& clock;
+  uint64_t index[2] = {0, 0};
+  void poll(OnlineConverter& conv, const ConversionModel* m, uint64_t from, uint64_t to, int64_t read,
+            std::vector<TraceRecord>& out) {
+    std::vector<perfq_record> batch;
+    for (uint64_t t = from; t < to; t += 50'000)
+      for (uint16_t st = 0; st < 2; ++st) {
+        const uint64_t th = t + st * 25'000;
+        batch.push_back(device_record(st, index[st]++, clock.d(th), th));
+      }
+    conv.feed(batch, m, read, read, out);
+  }
+  uint64_t records() const { return index[0] + index[1]; }
+};
+
 OnlineConverter::Options options(uint16_t source, int64_t max_wait_ns = 2'000'000'000,
                                  int64_t stale_model_ns = 1'000'000'000) {
   OnlineConverter::Options o;
@@ -144,22 +162,16 @@ TEST_CASE("online convert: around a forward step every time lies within its clai
   Rounds rounds(clock);
   OnlineConverter conv(options(1));
   std::vector<TraceRecord> out;
-  uint64_t index[2] = {0, 0};
+  TwoStreams streams{clock};
   for (int k = 0; k < 40; ++k) {
     const uint64_t h = kH0 + static_cast<uint64_t>(k) * kRoundNs;
     rounds.round(h);
     REQUIRE(conv.release(rounds.model, static_cast<int64_t>(h), out));
-    // Two streams, 20 k records/s each, read in 10 ms polls.
+    // Read in 10 ms polls.
     for (int poll = 0; poll < 10; ++poll) {
-      std::vector<perfq_record> batch;
       const uint64_t p0 = h + static_cast<uint64_t>(poll) * 10'000'000;
-      for (uint64_t t = p0; t < p0 + 10'000'000; t += 50'000)
-        for (uint16_t s = 0; s < 2; ++s) {
-          const uint64_t th = t + s * 25'000;
-          batch.push_back(device_record(s, index[s]++, clock.d(th), th));
-        }
       const int64_t read = static_cast<int64_t>(p0 + 10'000'000) + (late_reads ? 60'000'000 : 0);
-      conv.feed(batch, rounds.model.get(), read, read, out);
+      streams.poll(conv, rounds.model.get(), p0, p0 + 10'000'000, read, out);
     }
   }
   // The round the daemon waits for at the end (wait_for_cover()).
@@ -171,7 +183,7 @@ TEST_CASE("online convert: around a forward step every time lies within its clai
   INFO("records " << check.n << ", beyond their claim " << check.beyond << ", claims over 2 us "
                   << check.loose << ", unbounded " << check.unbounded << ", worst error "
                   << check.worst << " ns");
-  CHECK(check.n == index[0] + index[1]);
+  CHECK(check.n == streams.records());
   CHECK(check.beyond == 0);
   CHECK(check.unbounded == 0);
   // Honest and useful: only the records of the step's gap (two rounds, 8 000
@@ -287,15 +299,9 @@ TEST_CASE("online convert: times after a backward step no round has seen have no
   Rounds rounds(clock);
   OnlineConverter conv(options(1, 2'000'000'000, 900'000'000));
   std::vector<TraceRecord> out;
-  uint64_t index[2] = {0, 0};
+  TwoStreams streams{clock};
   const auto poll = [&](uint64_t from, uint64_t to) {
-    std::vector<perfq_record> batch;
-    for (uint64_t t = from; t < to; t += 50'000)
-      for (uint16_t st = 0; st < 2; ++st) {
-        const uint64_t th = t + st * 25'000;
-        batch.push_back(device_record(st, index[st]++, clock.d(th), th));
-      }
-    conv.feed(batch, rounds.model.get(), static_cast<int64_t>(to), static_cast<int64_t>(to), out);
+    streams.poll(conv, rounds.model.get(), from, to, static_cast<int64_t>(to), out);
   };
   for (int k = 0; k <= 20; ++k) {
     const uint64_t h = kH0 + static_cast<uint64_t>(k) * kRoundNs;
@@ -326,7 +332,7 @@ TEST_CASE("online convert: times after a backward step no round has seen have no
   INFO("records " << check.n << ", beyond their claim " << check.beyond << ", unbounded "
                   << check.unbounded << ", forced " << forced << ", worst error (claimed) "
                   << check.worst << " ns");
-  CHECK(check.n == index[0] + index[1]);
+  CHECK(check.n == streams.records());
   CHECK(after_step > 10'000);
   CHECK(check.beyond == 0);
   // What rounds 0-20 covered (after the first 5) keeps its claim.
@@ -350,21 +356,14 @@ TEST_CASE("online convert: a clock far off its nominal rate, from the first roun
   Rounds rounds(clock);
   OnlineConverter conv(options(1));
   std::vector<TraceRecord> out;
-  uint64_t index[2] = {0, 0};
+  TwoStreams streams{clock};
   for (int k = 0; k < 30; ++k) {
     const uint64_t h = kH0 + static_cast<uint64_t>(k) * kRoundNs;
     rounds.round(h);
     REQUIRE(conv.release(rounds.model, static_cast<int64_t>(h), out));
     for (int p = 0; p < 10; ++p) {
-      std::vector<perfq_record> batch;
       const uint64_t p0 = h + static_cast<uint64_t>(p) * 10'000'000;
-      for (uint64_t t = p0; t < p0 + 10'000'000; t += 50'000)
-        for (uint16_t st = 0; st < 2; ++st) {
-          const uint64_t th = t + st * 25'000;
-          batch.push_back(device_record(st, index[st]++, clock.d(th), th));
-        }
-      conv.feed(batch, rounds.model.get(), static_cast<int64_t>(p0 + 10'000'000),
-                static_cast<int64_t>(p0 + 10'000'000), out);
+      streams.poll(conv, rounds.model.get(), p0, p0 + 10'000'000, static_cast<int64_t>(p0 + 10'000'000), out);
     }
   }
   rounds.round(kH0 + 30 * kRoundNs);
@@ -380,7 +379,7 @@ TEST_CASE("online convert: a clock far off its nominal rate, from the first roun
   INFO("records " << check.n << ", beyond their claim " << check.beyond << ", claims over 2 us "
                   << check.loose << ", unbounded " << check.unbounded << ", worst error (claimed) "
                   << check.worst << " ns");
-  CHECK(check.n == index[0] + index[1]);
+  CHECK(check.n == streams.records());
   CHECK(check.beyond == 0);
   // Once the rate is measured, the claims are tight again.
   CHECK(late_loose == 0);

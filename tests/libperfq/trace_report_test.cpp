@@ -31,6 +31,20 @@ const ReportPair* find_pair(const TraceReport& r, const std::string& name) {
   return nullptr;
 }
 
+// This host and one device, "dev0" (source 1, 1 GHz), with one event: tick.
+TraceMetadata one_device_metadata() {
+  TraceMetadata meta;
+  meta.describe_this_host();
+  TraceSource dev;
+  dev.id = 1;
+  dev.kind = TraceSourceKind::kDevice;
+  dev.name = "dev0";
+  dev.clock_hz = 1'000'000'000;
+  dev.events = {{1, PERFQ_KIND_INSTANT, "tick"}};
+  meta.sources = {dev};
+  return meta;
+}
+
 TEST_CASE("latency histogram: exact while small, within 0.2% when bucketed", "[report]") {
   LatencyHistogram h;
   for (int64_t v = 1; v <= 100; ++v) h.add(v * 10);
@@ -284,16 +298,7 @@ TEST_CASE("report: the claims of the recorded device times, per device and segme
           "[report]") {
   TempDir dir("report");
   const std::string path = dir.file("claims.pq");
-  TraceMetadata meta;
-  meta.describe_this_host();
-  TraceSource dev;
-  dev.id = 1;
-  dev.kind = TraceSourceKind::kDevice;
-  dev.name = "dev0";
-  dev.clock_hz = 1'000'000'000;
-  dev.events = {{1, PERFQ_KIND_INSTANT, "tick"}};
-  meta.sources = {dev};
-  auto w = TraceWriter::open(path, meta);
+  auto w = TraceWriter::open(path, one_device_metadata());
   REQUIRE(w.is_ok());
   // Segment 0 from the start, segment 1 from host time 2 s (a step of the
   // device clock by +1 s: D = H - 1 s before, D = H after).
@@ -419,16 +424,7 @@ TEST_CASE("report: losses by LOST records, loss chunks and index gaps", "[report
 TEST_CASE("report: records sorted out of index order are late, not lost", "[report]") {
   TempDir dir("report");
   const std::string path = dir.file("late.pq");
-  TraceMetadata meta;
-  meta.describe_this_host();
-  TraceSource dev;
-  dev.id = 1;
-  dev.kind = TraceSourceKind::kDevice;
-  dev.name = "dev0";
-  dev.clock_hz = 1'000'000'000;
-  dev.events = {{1, PERFQ_KIND_INSTANT, "tick"}};
-  meta.sources = {dev};
-  auto w = TraceWriter::open(path, meta);
+  auto w = TraceWriter::open(path, one_device_metadata());
   REQUIRE(w.is_ok());
   std::vector<TraceRecord> recs;
   for (int i = 0; i < 20; ++i) {
