@@ -463,7 +463,12 @@ class Analyzer : public TraceVisitor {
       case TraceConversion::kForced: ++c.totals.forced; break;
       default: ++c.totals.unclaimed; break;
     }
-    if (in.conv != TraceConversion::kNone && in.claim_ns == kClaimUnbounded) ++c.totals.unbounded;
+    if (in.conv != TraceConversion::kNone && in.claim_ns == kClaimUnbounded) {
+      ReportClaims& t = c.totals;
+      if (t.unbounded == 0 || in.time_ns < t.unbounded_first_ns) t.unbounded_first_ns = in.time_ns;
+      if (t.unbounded == 0 || in.time_ns > t.unbounded_last_ns) t.unbounded_last_ns = in.time_ns;
+      ++t.unbounded;
+    }
     if (bounded) c.hist.add(in.claim_ns);
     auto& segs = c.segments;
     if (segs.empty()) return;
@@ -792,6 +797,8 @@ std::string report_to_json(const TraceReport& r) {
                        {"by_device", c.by_device},
                        {"forced", c.forced},
                        {"unbounded", c.unbounded},
+                       {"unbounded_first_ns", c.unbounded ? ordered_json(c.unbounded_first_ns) : ordered_json()},
+                       {"unbounded_last_ns", c.unbounded ? ordered_json(c.unbounded_last_ns) : ordered_json()},
                        {"unclaimed", c.unclaimed},
                        {"worst_ns", c.claim_ns.max},
                        {"p50_ns", c.claim_ns.p50},
@@ -899,9 +906,9 @@ void claims_text(const ReportSync& d, Line& line) {
     line(fmt::format("  {:<24} each within its claim: p50 +-{} ns  p99 +-{} ns  worst +-{} ns", "",
                      c.claim_ns.p50, c.claim_ns.p99, c.claim_ns.max));
   if (c.unbounded)
-    line(fmt::format("  {:<24} UNSYNCHRONIZED: {} records have no bound (no model vouched for "
-                     "their time)",
-                     "", c.unbounded));
+    line(fmt::format("  {:<24} UNSYNCHRONIZED: {} records have no bound (no sync round vouched for "
+                     "their time), from {} to {}",
+                     "", c.unbounded, c.unbounded_first_ns, c.unbounded_last_ns));
   if (d.segment_list.size() < 2) return;
   for (const auto& sg : d.segment_list) {
     const std::string from = sg.from_ns == INT64_MIN ? "start" : std::to_string(sg.from_ns);

@@ -366,11 +366,16 @@ TEST_CASE("report: the claims of the recorded device times, per device and segme
   const auto j = nlohmann::json::parse(report_to_json(*rep));
   const auto& c = j["sync"]["devices"][0]["claims"];
   CHECK(c["unbounded"] == 5);
+  CHECK(d.claims.unbounded_first_ns == 1'000'000'000);  // records 0-4, 10 ms apart
+  CHECK(d.claims.unbounded_last_ns == 1'040'000'000);
+  CHECK(c["unbounded_first_ns"] == 1'000'000'000);
+  CHECK(c["unbounded_last_ns"] == 1'040'000'000);
   CHECK(c["worst_ns"] == 35'000);
   CHECK(j["sync"]["devices"][0]["segment_list"].size() == 2);
   const std::string text = report_to_text(*rep);
   INFO(text);
   CHECK(text.find("UNSYNCHRONIZED: 5 records have no bound") != std::string::npos);
+  CHECK(text.find("from 1000000000 to 1040000000") != std::string::npos);
   CHECK(text.find("segment 1 from 2000000000: 200 records, worst claim +-130 ns") !=
         std::string::npos);
 }

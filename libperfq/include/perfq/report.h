@@ -88,6 +88,8 @@ struct ReportClaims {
   uint64_t by_device = 0;  // kDevice (mode B)
   uint64_t forced = 0;     // kForced: converted after the longest wait
   uint64_t unbounded = 0;  // without a bound (kClaimUnbounded): unsynchronized
+  int64_t unbounded_first_ns = 0;  // host times of the first and last of them
+  int64_t unbounded_last_ns = 0;
   uint64_t unclaimed = 0;  // device times with no claim stored (older traces)
   LatencyStats claim_ns;   // over the bounded claims
 };
