@@ -193,6 +193,46 @@ TEST_CASE("devsim: timer reads answer inside the bracket, and time out on a stop
   CHECK(js["timer_reads_served"].get<uint64_t>() >= read + again->size());
 }
 
+// The host converts a device time once a sync round after it is in its
+// model, so after the collector has published its last records (state
+// STOPPED) devsim keeps its timer answering while the host asks, and
+// exits once it stops asking.  Before, the timer stopped with the
+// collector, and every recording ended with the records after the last
+// round forced, without a bound (45 ms of them in a 200 k/s run).
+TEST_CASE("devsim: the timer answers after the collector stops, until the host stops asking",
+          "[devsim][process][timer]") {
+  TempShm shm("devsim-linger");
+  Child dev({kBin + "/perfq-devsim", "--region", shm.path(), "--create", "--rate", "1000",
+             "--job-workers", "0", "--workers", "1", "--duration", "0.3"});
+  REQUIRE(dev.started());
+  { Region r = wait_for_region(shm.path(), dev); }
+  auto t = open_transport("shm:" + shm.path());
+  REQUIRE(t.is_ok());
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  while (device_state((*t)->region()) != PERFQ_DEVICE_STOPPED) {
+    INFO("devsim stderr: " << dev.err());
+    REQUIRE(std::chrono::steady_clock::now() < deadline);
+    // Rounds every 50 ms keep it answering (a daemon's, every 100 ms).
+    auto s = (*t)->clock_samples(1, 8);
+    REQUIRE(s.is_ok());
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  // Stopped: rounds still work, for as long as they keep coming.
+  for (uint32_t round = 2; round < 12; ++round) {
+    auto s = (*t)->clock_samples(round, 8);
+    INFO(s.status().message());
+    REQUIRE(s.is_ok());
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  // Then no more: it exits (300 ms without a round; at most 2 s in all).
+  const uint64_t t0 = monotonic_ns();
+  auto js = finish(dev);
+  const double waited = static_cast<double>(monotonic_ns() - t0) / 1e9;
+  CHECK(waited < 10);
+  CHECK(js["timer_lingered_s"].get<double>() >= 0.25);
+  CHECK(js["timer_lingered_s"].get<double>() <= 2.5);
+}
+
 TEST_CASE("devsim: with --wait-host the workers emit only once the host opens a sync round",
           "[devsim][process]") {
   TempShm shm("devsim-wait");

@@ -195,14 +195,14 @@ int run(const Options& o) {
                                   : "jobworker" + std::to_string(i - o.workers));
   }
 
-  std::atomic<bool> stop_workers{false}, stop_device{false}, go{!o.wait_host};
+  std::atomic<bool> stop_workers{false}, stop_device{false}, stop_timer{false}, go{!o.wait_host};
   std::atomic<uint64_t> jobs_done{0};
   DeviceCollector collector(r, raw, clock);
   TimerServer timer(r, clock);
   std::thread collector_thread([&] { collector.run(stop_device); });
   std::thread timer_thread([&] {
     pthread_setname_np(pthread_self(), "pq-timer");
-    timer.run(stop_device);
+    timer.run(stop_timer);
   });
   std::vector<std::thread> workers;
   const double per_worker = o.workers ? o.rate / o.workers : 0;
@@ -245,6 +245,27 @@ int run(const Options& o) {
   for (auto& t : workers) t.join();
   stop_device = true;  // the collector delivers what is queued, then stops
   collector_thread.join();
+  // The host converts a device time once a sync round after it is in its
+  // model: keep the timer register answering until the host stops asking
+  // (no round for kLingerIdleNs), at most kLingerMaxNs, so that the last
+  // records get that round instead of leaving without a bound.  A second
+  // SIGINT/SIGTERM ends it at once.
+  constexpr uint64_t kLingerIdleNs = 300'000'000, kLingerMaxNs = 2'000'000'000;
+  const uint64_t linger_from = monotonic_ns();
+  uint64_t windows = timer.windows(), idle_since = linger_from;
+  for (;;) {
+    const uint64_t now = monotonic_ns();
+    if (now - idle_since >= kLingerIdleNs || now - linger_from >= kLingerMaxNs) break;
+    timespec ts{0, 5'000'000};
+    const int s2 = sigtimedwait(&sigs, nullptr, &ts);
+    if (s2 == SIGINT || s2 == SIGTERM) break;
+    if (timer.windows() != windows || __atomic_load_n(&r.timer()->window, __ATOMIC_ACQUIRE)) {
+      windows = timer.windows();
+      idle_since = monotonic_ns();
+    }
+  }
+  const double lingered = static_cast<double>(monotonic_ns() - linger_from) / 1e9;
+  stop_timer = true;
   timer_thread.join();
 
   nlohmann::json js = nlohmann::json::array();
@@ -273,6 +294,7 @@ int run(const Options& o) {
                         {"region", o.region},
                         {"ring_records", r.ring_capacity()},
                         {"timer_reads_served", timer.served()},
+                        {"timer_lingered_s", lingered},
                         {"signal", sig > 0 ? strsignal(sig) : "none"}};
   if (collector.fault()) out["fault"] = "host head: " + collector.fault().describe();
   std::printf("%s\n", out.dump().c_str());
