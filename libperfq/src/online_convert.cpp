@@ -170,6 +170,10 @@ int64_t OnlineConverter::waiting_bound(const ConversionModel* m, int64_t grace_n
   return bound;
 }
 
+// The stream's epoch for r (see convert()): a device-clock record more
+// than back_step_ns earlier than its stream's newest opens the next
+// epoch.  LOST records carry the time of their newest drop, which may
+// precede records still queued: they neither open nor move an epoch.
 uint32_t OnlineConverter::epoch_of(const perfq_record& r, StreamClock& sc,
                                    const ConversionModel* m) {
   if (!device_domain(r) || PERFQ_FLAGS_KIND(r.flags) == PERFQ_KIND_LOST) return sc.epoch;
@@ -299,20 +303,14 @@ bool OnlineConverter::convert(const perfq_record& r, const StreamClock& sc, uint
   // after the time is in (interpolation), and the model tight there.
   const bool current = chosen->seg + 1 == segs.size() && segs.back().id == m->current.segment;
   if (current && !force && (beyond || chosen->claim > m->tight_ns)) return false;
-  if (current && beyond) {
-    // Forced past the newest round: no bound (above).
-    out->time_ns = chosen->t;
-    out->claim_ns = kClaimUnbounded;
-    out->conv = TraceConversion::kForced;
-    return true;
-  }
   double claim = chosen->claim;
   for (size_t i = 0; i < nc; ++i)
     if (cand[i].cls == best_cls)
       claim = std::max(claim, cand[i].claim +
                                   std::fabs(static_cast<double>(cand[i].t - chosen->t)));
   out->time_ns = chosen->t;
-  out->claim_ns = stored_claim(claim);
+  // Forced past the newest round: no bound (above).
+  out->claim_ns = current && beyond ? kClaimUnbounded : stored_claim(claim);
   out->conv = force ? TraceConversion::kForced : TraceConversion::kModel;
   return true;
 }

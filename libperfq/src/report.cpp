@@ -140,14 +140,7 @@ struct LossesSeen {
   int64_t first_ns = 0;
   uint64_t first_index = 0;
   int64_t last_ns = 0;
-  void note(int64_t t, uint64_t index) {
-    if (events == 0 || t < first_ns) {
-      first_ns = t;
-      first_index = index;
-    }
-    if (events == 0 || t > last_ns) last_ns = t;
-    ++events;
-  }
+  void note(int64_t t, uint64_t index) { add({1, t, index, t}); }
   void add(const LossesSeen& o) {
     if (o.events == 0) return;
     if (events == 0 || o.first_ns < first_ns) {

@@ -222,6 +222,8 @@ int run(const Options& o) {
                static_cast<unsigned long long>(r.ring_capacity()), o.workers, job_workers,
                jobq->channels());
 
+  // Whether the host has a sync round open now.
+  const auto round_open = [&] { return __atomic_load_n(&r.timer()->window, __ATOMIC_ACQUIRE) != 0; };
   // Wait for a stop signal or the end of --duration (with --wait-host, from
   // the host's first sync round: a host that records).
   int sig = 0;
@@ -229,7 +231,7 @@ int run(const Options& o) {
   for (;;) {
     // The timer server has answered a read: a sync round was open (the
     // window itself may open and close between two looks).
-    if (!t_go && (timer.served() > 0 || __atomic_load_n(&r.timer()->window, __ATOMIC_ACQUIRE))) {
+    if (!t_go && (timer.served() > 0 || round_open())) {
       t_go = monotonic_ns();
       go.store(true, std::memory_order_release);
       std::fprintf(stderr, "perfq-devsim: the host is recording; synthetic workers start\n");
@@ -259,7 +261,7 @@ int run(const Options& o) {
     timespec ts{0, 5'000'000};
     const int s2 = sigtimedwait(&sigs, nullptr, &ts);
     if (s2 == SIGINT || s2 == SIGTERM) break;
-    if (timer.windows() != windows || __atomic_load_n(&r.timer()->window, __ATOMIC_ACQUIRE)) {
+    if (timer.windows() != windows || round_open()) {
       windows = timer.windows();
       idle_since = monotonic_ns();
     }

@@ -106,6 +106,12 @@ struct SelectionConfig {
 // error.  Combines, at one instant,
 //   H - D = (H1 + H2)/2 - R2 - (D - R1),  R1 = (R1before + R1after)/2,
 // with R converted to ns (and to device ticks) at its nominal rate.
+
+Result<SyncObservation> make_observation(std::span<const perfq_clock_sample> host,
+                                         std::span<const perfq_clock_sample> device,
+                                         const ClockRates& rates,
+                                         const SelectionConfig& sel = {}, uint32_t round = 0);
+
 // The selection for a device's next round given its model: a device clock
 // measured far off its nominal rate (a mis-declared clock or timer rate, or
 // a timer derived from a clock that is) makes the timer's nominal rate as
@@ -117,11 +123,6 @@ struct SelectionConfig {
 struct ClockModel;
 SelectionConfig selection_for(const SelectionConfig& base, const ClockModel& m,
                               const ClockRates& rates);
-
-Result<SyncObservation> make_observation(std::span<const perfq_clock_sample> host,
-                                         std::span<const perfq_clock_sample> device,
-                                         const ClockRates& rates,
-                                         const SelectionConfig& sel = {}, uint32_t round = 0);
 
 // ---- 2. Clock model ------------------------------------------------------------
 
