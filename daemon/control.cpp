@@ -1,6 +1,6 @@
 #include "control.h"
 
-#include "perfq/json_lines.h"
+#include "app/json_lines.h"
 
 #include <poll.h>
 #include <pthread.h>
@@ -26,7 +26,7 @@ namespace {
 // A control client silent this long is hung up on.
 constexpr int kIdleTimeoutMs = 60'000;
 
-// One reply line (perfq/json_lines.h); false when the client is gone.
+// One reply line (app/json_lines.h); false when the client is gone.
 bool send_line(int fd, const json& j) {
   return perfq::send_line(fd, j.dump(-1, ' ', false, json::error_handler_t::replace)).is_ok();
 }

@@ -17,7 +17,7 @@
 #include <string>
 
 #include "daemon.h"
-#include "perfq/mapping.h"
+#include "core/mapping.h"
 #include "perfq/status.h"
 
 namespace perfqd {

@@ -10,10 +10,10 @@
 #include <filesystem>
 #include <spdlog/spdlog.h>
 
-#include "perfq/device.h"
-#include "perfq/device_clock.h"
-#include "perfq/pci_scan.h"
-#include "perfq/transport.h"
+#include "device/device.h"
+#include "device/device_clock.h"
+#include "host/pci_scan.h"
+#include "host/transport.h"
 
 namespace perfqd {
 

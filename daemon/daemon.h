@@ -17,8 +17,8 @@
 #include <thread>
 
 #include "config.h"
-#include "perfq/host_apps.h"
-#include "perfq/mapping.h"
+#include "app/host_apps.h"
+#include "core/mapping.h"
 #include "recording.h"
 
 namespace perfqd {

@@ -8,7 +8,7 @@
 #include <sstream>
 #include <sys/stat.h>
 
-#include "perfq/kernel_events.h"
+#include "perfq_kevent.h"
 #include "perfq/perfq_abi.h"
 
 #if PERFQ_HAVE_BPF

@@ -2,7 +2,7 @@
 // syscalls and uprobes of the traced processes, through a BPF ring buffer
 // (daemon/bpf/kevents.bpf.c, a CO-RE skeleton) into the merge as one more
 // host input (source PERFQ_KERNEL_SOURCE, a stream per CPU).  See
-// perfq/kernel_events.h for the record layout.
+// daemon/bpf/perfq_kevent.h for the record layout.
 //
 // Optional twice over: the daemon is built without it when the build machine
 // lacks clang, bpftool or kernel BTF (PERFQ_HAVE_BPF), and a daemon without

@@ -3,7 +3,7 @@
 #include <algorithm>
 #include <chrono>
 
-#include "perfq/device_clock.h"
+#include "device/device_clock.h"
 
 namespace perfqd {
 

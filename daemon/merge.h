@@ -41,7 +41,7 @@
 #include <utility>
 #include <vector>
 
-#include "perfq/device_clock.h"
+#include "device/device_clock.h"
 #include "perfq/trace.h"
 
 namespace perfqd {

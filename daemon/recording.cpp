@@ -13,16 +13,16 @@
 #include <chrono>
 #include <spdlog/spdlog.h>
 
-#include "perfq/device.h"
-#include "perfq/device_clock.h"
-#include "perfq/drain.h"
-#include "perfq/host_sync.h"
-#include "perfq/kernel_events.h"
-#include "perfq/online_convert.h"
-#include "perfq/pci_scan.h"
-#include "perfq/sync.h"
-#include "perfq/timer.h"
-#include "perfq/transport.h"
+#include "device/device.h"
+#include "device/device_clock.h"
+#include "host/drain.h"
+#include "host/host_sync.h"
+#include "perfq_kevent.h"
+#include "sync/online_convert.h"
+#include "host/pci_scan.h"
+#include "sync/sync.h"
+#include "device/timer.h"
+#include "host/transport.h"
 
 namespace perfqd {
 

@@ -41,6 +41,7 @@
 #include <linux/version.h>
 
 #include "perfq/perfq_abi.h"
+#include "perfq/perfq_ioctl.h"
 #include "perfq/perfq_region_check.h"
 
 #define PERFQ_NAME "perfq"

@@ -1,5 +1,5 @@
 // Small traces built record by record, for tests that need exact contents
-// (the synthetic generator in perfq/trace_synth.h makes whole workloads).
+// (the synthetic generator in trace/synth.h makes whole workloads).
 #pragma once
 
 #include <catch2/catch.hpp>

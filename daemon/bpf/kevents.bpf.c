@@ -15,7 +15,7 @@
 #include <bpf/bpf_helpers.h>
 #include <bpf/bpf_tracing.h>
 
-#include "perfq/kernel_events.h"
+#include "perfq_kevent.h"
 
 char LICENSE[] SEC("license") = "GPL";
 

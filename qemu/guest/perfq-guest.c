@@ -30,6 +30,7 @@
 #include <unistd.h>
 
 #include "perfq/perfq_abi.h"
+#include "perfq/perfq_ioctl.h"
 
 static int failures;
 

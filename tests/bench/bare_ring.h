@@ -11,7 +11,7 @@
 #include <cstdint>
 #include <thread>
 
-#include "perfq/spsc_ring.h"
+#include "core/spsc_ring.h"
 
 namespace perfq {
 

@@ -25,11 +25,11 @@
 #include <thread>
 #include <vector>
 
-#include "perfq/device.h"
-#include "perfq/device_clock.h"
-#include "perfq/drain.h"
-#include "perfq/region.h"
-#include "perfq/spsc_ring.h"
+#include "device/device.h"
+#include "device/device_clock.h"
+#include "host/drain.h"
+#include "core/region.h"
+#include "core/spsc_ring.h"
 #include "bare_ring.h"
 
 namespace perfq {

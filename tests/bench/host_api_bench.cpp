@@ -32,11 +32,11 @@
 #include <thread>
 #include <vector>
 
-#include "perfq/device_clock.h"
-#include "perfq/host_apps.h"
-#include "perfq/host_clock.h"
+#include "device/device_clock.h"
+#include "app/host_apps.h"
+#include "app/host_clock.h"
 #include "perfq/perfq.h"
-#include "perfq/spsc_ring.h"
+#include "core/spsc_ring.h"
 #include "bare_ring.h"
 
 namespace perfq {

@@ -22,7 +22,7 @@
 #include <thread>
 #include <vector>
 
-#include "perfq/spsc_ring.h"
+#include "core/spsc_ring.h"
 
 namespace perfq {
 namespace {

@@ -20,12 +20,12 @@
 #include <thread>
 #include <vector>
 
-#include "perfq/device.h"
-#include "perfq/device_clock.h"
-#include "perfq/host_sync.h"
-#include "perfq/timer.h"
+#include "device/device.h"
+#include "device/device_clock.h"
+#include "host/host_sync.h"
+#include "device/timer.h"
 #include "perfq/perfq.h"
-#include "perfq/transport.h"
+#include "host/transport.h"
 
 namespace perfq {
 namespace {

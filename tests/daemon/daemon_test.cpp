@@ -23,11 +23,11 @@
 #include <sstream>
 #include <thread>
 
-#include "perfq/device_clock.h"
+#include "device/device_clock.h"
 #include "perfq/pci.h"
 #include "kernel_events.h"
-#include "perfq/kernel_events.h"
-#include "perfq/timer.h"
+#include "perfq_kevent.h"
+#include "device/timer.h"
 #include "perfq/trace.h"
 #include "test_util.h"
 

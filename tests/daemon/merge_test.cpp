@@ -6,7 +6,7 @@
 #include <thread>
 
 #include "merge.h"
-#include "perfq/device_clock.h"
+#include "device/device_clock.h"
 
 namespace perfqd {
 namespace {

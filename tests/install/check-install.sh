@@ -67,6 +67,12 @@ soname=$(readelf -d "$root/$libdir/$so" | sed -n 's/.*(SONAME).*\[\(.*\)\]/\1/p'
 major=$(sed -n 's/^CMAKE_PROJECT_VERSION_MAJOR:STATIC=//p' "$build/CMakeCache.txt")
 check "libperfq.so -> $so has SONAME $soname (libperfq.so.$major)" test "$soname" = "libperfq.so.$major"
 
+# The installed headers are the public ones only (libperfq/CMakeLists.txt's
+# PERFQ_PUBLIC_HEADERS): what an application, a device or a trace reader uses.
+headers=$(cd "$root/include/perfq" && ls | sort | tr '\n' ' ')
+want="event_info.h export.h pci.h perfq.h perfq.hpp perfq_abi.h perfq_ioctl.h report.h status.h trace.h "
+check "installed headers are the public ones ($headers)" test "$headers" = "$want"
+
 # A program of another project: records an event with no daemon running
 # (recording is then a counted no-op) and reports the library's count.
 cat >"$work/app.c" <<'C'
@@ -95,7 +101,35 @@ add_executable(app_static app.c)
 target_link_libraries(app_static PRIVATE perfq::perfq_static)
 # libperfq.a is C++ inside: link with the C++ driver.
 set_target_properties(app_static PROPERTIES LINKER_LANGUAGE CXX)
+# A trace reader: every installed header, with nothing but perfq's package
+# (its dependencies come with it).
+add_executable(reader reader.cpp)
+target_compile_features(reader PRIVATE cxx_std_20)
+target_link_libraries(reader PRIVATE perfq::perfq)
 CM
+cat >"$work/consumer/reader.cpp" <<'CPP'
+#include <perfq/event_info.h>
+#include <perfq/export.h>
+#include <perfq/pci.h>
+#include <perfq/perfq.hpp>
+#include <perfq/perfq_abi.h>
+#include <perfq/perfq_ioctl.h>
+#include <perfq/report.h>
+#include <perfq/status.h>
+#include <perfq/trace.h>
+#include <cstdio>
+int main(int argc, char** argv) {
+  auto f = perfq::parse_export_format("csv");
+  if (!f) return 2;
+  if (argc > 1) {
+    auto r = perfq::analyze_trace(argv[1], {});
+    if (!r) { std::fprintf(stderr, "%s\n", r.status().message().c_str()); return 1; }
+    std::printf("records %llu\n", static_cast<unsigned long long>(r->records_host + r->records_device));
+  }
+  std::printf("ioctl %lu\n", static_cast<unsigned long>(PERFQ_IOC_INFO));
+  return 0;
+}
+CPP
 check "find_package(perfq) configures another project" \
   cmake -S "$work/consumer" -B "$work/consumer/b" -G Ninja -DCMAKE_PREFIX_PATH="$root"
 check "it builds against perfq::perfq and perfq::perfq_static" cmake --build "$work/consumer/b"
@@ -104,12 +138,16 @@ check "app_shared runs: 3 events counted" sh -c "'$work/consumer/b/app_shared' |
 check "app_shared needs libperfq.so.$major" sh -c "readelf -d '$work/consumer/b/app_shared' | grep -q 'NEEDED.*libperfq.so.$major'"
 check "app_static runs without libperfq.so: 3 events counted" \
   sh -c "! readelf -d '$work/consumer/b/app_static' | grep -q libperfq && '$work/consumer/b/app_static' | grep -qx 'events 3'"
+check "a trace reader built on the installed headers runs" "$work/consumer/b/reader"
 pc() { PKG_CONFIG_PATH=$root/$libdir/pkgconfig PKG_CONFIG_SYSROOT_DIR=$dest pkg-config "$@"; }
 check "pkg-config knows perfq $(pc --modversion perfq 2>/dev/null)" pc --exists perfq
 # shellcheck disable=SC2046
 check "a C program builds with \$(pkg-config --cflags --libs perfq)" \
   cc -std=c11 -Wall -Werror -o "$work/app_pc" "$work/app.c" $(pc --cflags --libs perfq)
 check "it runs: 3 events counted" sh -c "'$work/app_pc' | grep -qx 'events 3'"
+# shellcheck disable=SC2046
+check "a C++ trace reader builds with \$(pkg-config --cflags --libs perfq)" \
+  c++ -std=c++20 -Wall -Werror -o "$work/reader_pc" "$work/consumer/reader.cpp" $(pc --cflags --libs perfq)
 
 # make uninstall, from the list.
 check "uninstall" "$src/scripts/uninstall.sh" "$work/installed.txt"

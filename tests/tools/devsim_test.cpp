@@ -8,11 +8,11 @@
 #include <set>
 #include <thread>
 
-#include "perfq/device.h"
-#include "perfq/device_clock.h"
-#include "perfq/drain.h"
-#include "perfq/region.h"
-#include "perfq/transport.h"
+#include "device/device.h"
+#include "device/device_clock.h"
+#include "host/drain.h"
+#include "core/region.h"
+#include "host/transport.h"
 #include "test_util.h"
 
 namespace perfq {

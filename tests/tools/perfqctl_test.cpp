@@ -10,7 +10,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
-#include "perfq/trace_synth.h"
+#include "trace/synth.h"
 
 #ifndef PERFQCTL_PATH
 #error "PERFQCTL_PATH must name the perfqctl binary"

@@ -15,12 +15,12 @@
 #include <nlohmann/json.hpp>
 #include <thread>
 
-#include "perfq/device.h"
-#include "perfq/device_clock.h"
-#include "perfq/drain.h"
-#include "perfq/host_sync.h"
-#include "perfq/timer.h"
-#include "perfq/transport.h"
+#include "device/device.h"
+#include "device/device_clock.h"
+#include "host/drain.h"
+#include "host/host_sync.h"
+#include "device/timer.h"
+#include "host/transport.h"
 #include "test_util.h"
 
 namespace perfq {

@@ -21,11 +21,11 @@
 #include <unordered_map>
 #include <vector>
 
-#include "perfq/device.h"
-#include "perfq/device_clock.h"
-#include "perfq/jobq.h"
+#include "device/device.h"
+#include "device/device_clock.h"
+#include "jobq.h"
 #include "perfq/perfq.hpp"
-#include "perfq/transport.h"
+#include "host/transport.h"
 
 // Every job submit goes through this plain C function, so that a uprobe can
 // see it without changing code, as people watch a driver library's submit

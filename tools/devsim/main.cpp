@@ -21,11 +21,11 @@
 #include <thread>
 #include <vector>
 
-#include "perfq/device.h"
-#include "perfq/device_clock.h"
-#include "perfq/jobq.h"
-#include "perfq/region.h"
-#include "perfq/timer.h"
+#include "device/device.h"
+#include "device/device_clock.h"
+#include "jobq.h"
+#include "core/region.h"
+#include "device/timer.h"
 
 namespace perfq {
 namespace {

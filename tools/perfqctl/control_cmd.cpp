@@ -19,9 +19,9 @@
 #include <thread>
 
 #include "commands.h"
-#include "perfq/json_lines.h"
+#include "app/json_lines.h"
 #include "perfq/pci.h"
-#include "perfq/pci_scan.h"
+#include "host/pci_scan.h"
 
 namespace perfqctl {
 namespace {

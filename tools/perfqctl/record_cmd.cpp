@@ -15,8 +15,8 @@
 #include <thread>
 
 #include "commands.h"
-#include "perfq/device.h"
-#include "perfq/transport.h"
+#include "device/device.h"
+#include "host/transport.h"
 #include "recording.h"
 
 namespace perfqctl {

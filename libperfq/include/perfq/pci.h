@@ -2,7 +2,7 @@
 // and names, the driver bound to it, NUMA node and IOMMU group, and from the
 // PCIe capability the link it trained at, the link it could train at, and
 // its payload sizes.  These are plain facts: this header neither reads the
-// bus nor needs libpci (perfq/pci_scan.h does that); the trace metadata and
+// bus nor needs libpci (host/pci_scan.h does that); the trace metadata and
 // the report use it to store and show the facts.
 //
 // Absent means absent: a conventional PCI device has no `pcie`, a link that

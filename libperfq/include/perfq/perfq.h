@@ -31,7 +31,7 @@
  * is invariant and the kernel's clocksource is built on it, it is read
  * with rdtsc and scaled by a map the connector thread measures against
  * clock_gettime and keeps current (a few ns from clock_gettime, at a third
- * of its cost in a VM; see perfq/host_clock.h); elsewhere, for the first
+ * of its cost in a VM; see app/host_clock.h); elsewhere, for the first
  * 100-200 ms of a process, and with PERFQ_HOST_CLOCK=monotonic in the
  * environment, with clock_gettime itself.
  *

@@ -11,7 +11,6 @@
 #include <vector>
 
 #include "perfq/status.h"
-#include "perfq/sync.h"
 #include "perfq/trace.h"
 
 namespace perfq {
@@ -55,7 +54,7 @@ class LatencyHistogram {
 
 struct TraceReportOptions {
   // Recompute the host time of every device-clock record with the offline
-  // whole-recording model of each device (needs a second pass): perfq/sync.h's
+  // whole-recording model of each device (needs a second pass): the sync code's
   // fit_offline_rounds (piecewise: steps start segments), the one offline
   // estimator, with the device's nominal clock and timer rates from the
   // metadata.  A device whose rounds cannot be fitted keeps its online
@@ -107,7 +106,7 @@ struct ReportSegment {
 };
 
 // How a device's clock stands against the host's, in the one sign
-// convention of perfq/sync.h (clock_standing()): from the last clock model
+// convention of ClockStanding (perfq/trace.h): from the last clock model
 // of the recording, or from the offline fit with --resync.
 struct ReportSync {
   uint16_t source = 0;

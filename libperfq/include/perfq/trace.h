@@ -61,7 +61,7 @@ inline constexpr uint16_t kChunkFlagZstd = 1;  // payload is one zstd frame
 // TraceMetadata
 
 // kKernel: the host kernel's events (perfq-daemon's BPF collector, see
-// perfq/kernel_events.h), one stream per CPU, host clock.
+// daemon/bpf/perfq_kevent.h), one stream per CPU, host clock.
 enum class TraceSourceKind : uint8_t { kHost = 0, kDevice = 1, kKernel = 2 };
 const char* trace_source_kind_name(TraceSourceKind k);
 
@@ -185,7 +185,7 @@ bool operator==(const TraceSyncSample& a, const TraceSyncSample& b);
 
 // A sync round's samples as the trace stores them (every sample of both
 // sides, paired by position) and back, grouped by round in trace order.
-// SyncRound is perfq/sync.h's.
+// SyncRound is sync/sync.h's.
 struct SyncRound;
 std::vector<TraceSyncSample> trace_samples_of(uint16_t source, const SyncRound& round);
 std::vector<SyncRound> sync_rounds_of(std::span<const TraceSyncSample> samples);
@@ -198,6 +198,34 @@ struct TraceClockModel {
   perfq_sync_model model{};
 };
 bool operator==(const TraceClockModel& a, const TraceClockModel& b);
+
+// ---- The one sign convention (docs/sync.md "How the clocks stand") ------------
+//
+// Every output that states how a device clock stands against the host
+// (status, the stop summary, report, trace exports, man pages) takes it
+// from clock_standing() (the sync code's) and words it with standing_text():
+//   device_ahead_ns  D - H at the model's reference, D read as ns at its
+//                    nominal rate: > 0, the device clock reads ahead of
+//                    the host (devsim --clock-offset-ns has this sign);
+//   device_fast_ppm  how fast D runs against its nominal rate, measured in
+//                    host time: > 0, the device clock gains on the host
+//                    (devsim --clock-drift-ppm has this sign).
+// The JSON keys are these names.  Each clock's u64 reading is taken as a
+// signed 64-bit value (as time_diff() reads differences), so an offset of
+// either sign reads as itself.
+struct ClockStanding {
+  double device_ahead_ns = 0;
+  double device_fast_ppm = 0;
+  double bound_ns = 0;  // the model's claimed uncertainty at its reference
+  // Beyond kPlausibleDriftPpm: no real oscillator is that far off; a
+  // device clock or timer rate that is not what the device declares is.
+  bool rate_implausible = false;
+};
+constexpr double kPlausibleDriftPpm = 1000;
+// "device clock 2.570 s ahead of the host, running 40.001 ppm fast", and
+// for an implausible rate "... (no real clock is that far off: is the
+// device's declared clock or timer rate right?)".
+std::string standing_text(const ClockStanding& s);
 
 // Records a stream lost that cannot show up in the records themselves
 // (e.g. pushes refused by a full host ring that never got an index).

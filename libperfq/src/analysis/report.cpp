@@ -1,0 +1,1000 @@
+// analyze_trace(): the streaming analysis behind `perfqctl report`.
+#include "perfq/report.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cerrno>
+#include <cstdlib>
+#include <memory>
+#include <optional>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <unordered_map>
+
+#include <fmt/format.h>
+
+#include "perfq_kevent.h"
+#include "sync/sync.h"
+#include "analysis/job_roles.h"
+
+namespace perfq {
+
+// ---------------------------------------------------------------------------
+// LatencyHistogram
+
+namespace {
+
+constexpr int kSubBits = 8;  // 9 significant bits: 2^8 sub-buckets per octave
+constexpr uint64_t kSub = uint64_t{1} << kSubBits;
+
+uint32_t bucket_of(uint64_t v) {
+  if (v < kSub) return static_cast<uint32_t>(v);
+  int e = 63 - __builtin_clzll(v);  // >= kSubBits
+  int shift = e - kSubBits;
+  uint64_t m = v >> shift;  // in [kSub, 2 kSub)
+  return static_cast<uint32_t>((static_cast<uint64_t>(shift) + 1) * kSub + (m - kSub));
+}
+
+// Midpoint of the bucket (exact for the unit-wide ones).
+uint64_t value_of(uint32_t b) {
+  if (b < kSub) return b;
+  uint64_t shift = b / kSub - 1;
+  uint64_t m = b % kSub + kSub;
+  uint64_t lo = m << shift;
+  return lo + ((uint64_t{1} << shift) >> 1);
+}
+
+}  // namespace
+
+void LatencyHistogram::add(int64_t v) {
+  if (count_ == 0) {
+    min_ = max_ = v;
+  } else {
+    min_ = std::min(min_, v);
+    max_ = std::max(max_, v);
+  }
+  ++count_;
+  sum_ += v;
+  if (!bucketed_) {
+    ++exact_[v];
+    if (exact_.size() <= kExactValues) return;
+    for (const auto& [value, n] : exact_) add_bucketed(value, n);
+    exact_.clear();
+    bucketed_ = true;
+    return;
+  }
+  add_bucketed(v, 1);
+}
+
+void LatencyHistogram::add_bucketed(int64_t v, uint64_t n) {
+  if (v >= 0) {
+    pos_[bucket_of(static_cast<uint64_t>(v))] += n;
+  } else {
+    neg_[bucket_of(static_cast<uint64_t>(-(v + 1)) + 1)] += n;
+  }
+}
+
+int64_t LatencyHistogram::quantile(double q) const {
+  if (count_ == 0) return 0;
+  q = std::clamp(q, 0.0, 1.0);
+  auto rank = static_cast<uint64_t>(std::ceil(q * static_cast<double>(count_)));
+  rank = std::clamp<uint64_t>(rank, 1, count_);
+  uint64_t seen = 0;
+  int64_t v = max_;
+  bool found = false;
+  for (auto it = exact_.begin(); it != exact_.end() && !found; ++it) {
+    seen += it->second;
+    if (seen >= rank) {
+      v = it->first;
+      found = true;
+    }
+  }
+  for (auto it = neg_.rbegin(); it != neg_.rend() && !found; ++it) {
+    seen += it->second;
+    if (seen >= rank) {
+      v = -static_cast<int64_t>(value_of(it->first));
+      found = true;
+    }
+  }
+  for (auto it = pos_.begin(); it != pos_.end() && !found; ++it) {
+    seen += it->second;
+    if (seen >= rank) {
+      v = static_cast<int64_t>(value_of(it->first));
+      found = true;
+    }
+  }
+  return std::clamp(v, min_, max_);
+}
+
+LatencyStats LatencyHistogram::summary() const {
+  LatencyStats d;
+  d.count = count_;
+  if (count_ == 0) return d;
+  d.min = min_;
+  d.max = max_;
+  d.mean = static_cast<double>(sum_ / static_cast<long double>(count_));
+  d.p50 = quantile(0.50);
+  d.p90 = quantile(0.90);
+  d.p99 = quantile(0.99);
+  return d;
+}
+
+// ---------------------------------------------------------------------------
+// The analysis visitor
+
+namespace {
+
+
+uint32_t stream_key(uint16_t source, uint16_t stream) {
+  return (uint32_t{source} << 16) | stream;
+}
+uint64_t event_key(uint16_t source, uint32_t event) {
+  return (uint64_t{source} << 32) | event;
+}
+
+// Where losses were seen: loss reports arrive in file order (a loss chunk
+// written at the stop may come before records of earlier times), so first
+// and last are by time.
+struct LossesSeen {
+  uint64_t events = 0;
+  int64_t first_ns = 0;
+  uint64_t first_index = 0;
+  int64_t last_ns = 0;
+  void note(int64_t t, uint64_t index) { add({1, t, index, t}); }
+  void add(const LossesSeen& o) {
+    if (o.events == 0) return;
+    if (events == 0 || o.first_ns < first_ns) {
+      first_ns = o.first_ns;
+      first_index = o.first_index;
+    }
+    if (events == 0 || o.last_ns > last_ns) last_ns = o.last_ns;
+    events += o.events;
+  }
+};
+
+struct StreamState {
+  ReportStream stat;
+  LossesSeen reported;  // LOST records and loss reports
+  LossesSeen gaps;      // index gaps (losses only if they are not filled later)
+  bool seen = false;
+  uint64_t last_index = 0;
+  std::vector<std::pair<uint32_t, int64_t>> open;  // BEGIN event, time
+};
+
+struct Job {
+  int64_t t[4] = {};
+  uint8_t mask = 0;
+  uint32_t tid = 0;            // the submitting thread, 0 if unknown
+  int64_t off_at_submit = 0;   // its off-CPU total at the submit
+};
+
+// A thread's time off the CPU so far, from its sched_switch out/in events
+// (in time order).  Before its first event it is taken to be running.
+struct ThreadSched {
+  int64_t off_total = 0;
+  int64_t off_since = -1;  // switched out at, -1 while running
+  int64_t woken_at = -1;   // its last wakeup while switched out
+  int64_t off_at(int64_t t) const { return off_total + (off_since >= 0 && t > off_since ? t - off_since : 0); }
+};
+constexpr size_t kWorstOffCpu = 10;
+
+// A device's nominal rates as its trace source declares them (an old trace
+// without a timer rate: the clock's; without either: 1 GHz).
+ClockRates rates_of(const TraceSource* src) {
+  ClockRates r;
+  if (src && src->clock_hz) r.device_hz = src->clock_hz;
+  r.timer_hz = src && src->timer_hz ? src->timer_hz : r.device_hz;
+  return r;
+}
+
+// How --resync converts one device's times: the sync module's piecewise
+// offline model, and its summary for the sync line.
+struct Resync {
+  ClockModel summary;
+  double worst_ns = 0;  // the largest claim of any of its knots
+  std::shared_ptr<const PiecewiseModel> piecewise;
+};
+
+class Analyzer : public TraceVisitor {
+ public:
+  Analyzer(TraceReport& r, const std::map<uint16_t, Resync>* resync) : r_(r), resync_(resync) {}
+
+  Status on_metadata(const TraceMetadata& m) override {
+    r_.metadata = m;
+    evinfo_.clear();  // a later chunk may redefine a source's dictionary
+    tid_of_.clear();
+    sched_ = false;
+    for (const auto& s : m.sources) {
+      for (const auto& th : s.threads) tid_of_[stream_key(s.id, th.stream)] = th.tid;
+      if (s.kind == TraceSourceKind::kKernel && s.id == PERFQ_KERNEL_SOURCE && s.find_event(PERFQ_KEV_SCHED_OUT))
+        sched_ = true;
+    }
+    r_.jobs.off_cpu.available = r_.jobs.off_cpu.available || (sched_ && !tid_of_.empty());
+    return Status::ok();
+  }
+
+  Status on_records(std::span<const TraceRecord> recs) override {
+    for (const TraceRecord& in : recs) {
+      int64_t t = in.time_ns;
+      if (resync_ && in.domain() == PERFQ_CLOCK_DEVICE) {
+        auto it = resync_->find(in.source);
+        // Where a backward clock step made device times repeat, the
+        // segment is the one that puts the record nearest its recorded
+        // time (seconds apart against microseconds of model error).
+        if (it != resync_->end())
+          t = static_cast<int64_t>(
+              it->second.piecewise->to_host_near(in.rec.time, static_cast<uint64_t>(in.time_ns)));
+      }
+      record(in, t);
+    }
+    return Status::ok();
+  }
+
+  Status on_sync_samples(std::span<const TraceSyncSample> s) override {
+    for (const auto& x : s) ++sync_[x.source].samples;
+    return Status::ok();
+  }
+
+  Status on_clock_models(std::span<const TraceClockModel> ms) override {
+    for (const auto& m : ms) {
+      auto& d = sync_[m.source];
+      ++d.models;
+      // Stated at the end, with the source's rates (clock_standing()).
+      if (auto cm = ClockModel::from_abi(m.model); cm && cm->valid) {
+        last_model_[m.source] = *cm;
+        d.worst_uncertainty_ns = std::max(d.worst_uncertainty_ns, m.model.uncertainty_ns);
+        segment_model(m, *cm);
+      }
+      segments_[m.source].insert(m.model.segment);
+    }
+    return Status::ok();
+  }
+
+  Status on_losses(std::span<const TraceLoss> ls) override {
+    for (const auto& l : ls) {
+      StreamState& st = stream(l.source, l.stream);
+      st.stat.reported_lost += l.count;
+      st.reported.note(l.time_ns, l.last_index + 1);
+    }
+    return Status::ok();
+  }
+
+  void finish(const TraceReportOptions& opt) {
+    if (have_time_) {
+      r_.first_ns = first_;
+      r_.last_ns = last_;
+      r_.duration_ns = last_ - first_;
+    }
+    // A recorder that states its interval (start_ns, stop_ns: host times)
+    // gives the duration and rates of the recording, not of its records.
+    auto option_ns = [&](const char* key) -> std::optional<int64_t> {
+      auto it = r_.metadata.options.find(key);
+      if (it == r_.metadata.options.end()) return std::nullopt;
+      char* end = nullptr;
+      errno = 0;
+      const long long v = std::strtoll(it->second.c_str(), &end, 10);
+      if (errno || end == it->second.c_str() || *end) return std::nullopt;
+      return v;
+    };
+    const auto start = option_ns("start_ns"), stop = option_ns("stop_ns");
+    if (start && stop && *stop >= *start) {
+      r_.recording_start_ns = *start;
+      r_.recording_stop_ns = *stop;
+      r_.duration_ns = *stop - *start;
+      r_.duration_of_recording = true;
+    }
+    const double secs = static_cast<double>(r_.duration_ns) / 1e9;
+    for (auto& [key, st] : streams_) {
+      st.stat.lost = std::max(st.stat.reported_lost, st.stat.gap_lost);
+      // Gaps that records sorted late filled were no losses (a stream's
+      // times converted out of order: around a clock step, say).
+      LossesSeen seen = st.reported;
+      if (st.stat.gap_lost > 0) seen.add(st.gaps);
+      st.stat.loss_events = seen.events;
+      st.stat.first_loss_ns = seen.first_ns;
+      st.stat.first_loss_index = seen.first_index;
+      st.stat.last_loss_ns = seen.last_ns;
+      if (is_device(st.stat.source)) {
+        r_.lost_device += st.stat.lost;
+      } else {
+        r_.lost_host += st.stat.lost;
+      }
+      r_.streams.push_back(st.stat);
+    }
+    for (auto& [key, e] : events_) {
+      e.rate_per_s = secs > 0 ? static_cast<double>(e.count) / secs : 0;
+      r_.events.push_back(e);
+    }
+    for (auto& [key, h] : pairs_) {
+      r_.pairs.push_back({key.first, key.second, h.summary()});
+    }
+    for (const auto& s : r_.metadata.sources) {
+      if (s.kind == TraceSourceKind::kDevice) sync_[s.id];  // every device gets a line
+    }
+    for (auto& [src, d] : sync_) {
+      d.source = src;
+      const TraceSource* si = r_.metadata.find_source(src);
+      d.name = si ? si->name : fmt::format("source {}", src);
+      d.segments = segments_[src].size();
+      const ClockRates rates = rates_of(si);
+      if (auto lm = last_model_.find(src); lm != last_model_.end()) {
+        d.standing = clock_standing(lm->second, rates);
+        d.synchronized = true;
+      }
+      if (opt.resync && resync_) {
+        auto it = resync_->find(src);
+        if (it != resync_->end()) {
+          d.standing = clock_standing(it->second.summary, rates);
+          d.worst_uncertainty_ns = static_cast<uint64_t>(std::ceil(it->second.worst_ns));
+          d.synchronized = true;
+          d.resynced = true;
+        }
+      }
+      d.uncertainty_ns = static_cast<uint64_t>(std::ceil(d.standing.bound_ns));
+      if (auto c = claims_.find(src); c != claims_.end()) {
+        d.claims = c->second.totals;
+        d.claims.claim_ns = c->second.hist.summary();
+        d.segment_list = c->second.segments;
+      }
+      r_.sync.push_back(d);
+    }
+    r_.jobs.count = job_count_;
+    r_.jobs.incomplete = jobs_.size();
+    r_.jobs.submit_to_start = lat_[0].summary();
+    r_.jobs.start_to_end = lat_[1].summary();
+    r_.jobs.end_to_complete = lat_[2].summary();
+    r_.jobs.off_cpu.off_cpu = off_cpu_.summary();
+    std::sort(worst_.begin(), worst_.end(),
+              [](const ReportOffCpuJob& a, const ReportOffCpuJob& b) { return a.off_cpu_ns > b.off_cpu_ns; });
+    r_.jobs.off_cpu.worst = worst_;
+  }
+
+ private:
+  bool is_device(uint16_t source) const {
+    const TraceSource* s = r_.metadata.find_source(source);
+    return s && s->kind == TraceSourceKind::kDevice;
+  }
+
+  StreamState& stream(uint16_t source, uint16_t stream) {
+    StreamState& st = streams_[stream_key(source, stream)];
+    st.stat.source = source;
+    st.stat.stream = stream;
+    return st;
+  }
+
+
+  // Event info, cached per (source, event).
+  struct EvInfo {
+    std::string name;
+    JobRole role = kNoRole;
+  };
+  const EvInfo& info(uint16_t source, uint32_t event) {
+    auto [it, fresh] = evinfo_.try_emplace(event_key(source, event));
+    if (fresh) {
+      const TraceSource* s = r_.metadata.find_source(source);
+      const EventInfo* e = s ? s->find_event(event) : nullptr;
+      it->second.name = e ? e->name : fmt::format("event_{}", event);
+      it->second.role = job_role(it->second.name);
+    }
+    return it->second;
+  }
+
+  void record(const TraceRecord& in, int64_t t) {
+    const perfq_record& rec = in.rec;
+    if (!have_time_) {
+      first_ = last_ = t;
+      have_time_ = true;
+    }
+    first_ = std::min(first_, t);
+    last_ = std::max(last_, t);
+    if (is_device(in.source)) {
+      ++r_.records_device;
+      claim(in);
+    } else {
+      ++r_.records_host;
+    }
+    StreamState& st = stream(in.source, rec.stream);
+    ++st.stat.records;
+    if (st.seen && rec.index > st.last_index + 1) {
+      st.stat.gap_lost += rec.index - st.last_index - 1;
+      st.gaps.note(t, rec.index);
+    } else if (st.seen && rec.index < st.last_index && st.stat.gap_lost > 0) {
+      // A record that sorted after a later one of its stream (two device
+      // times a model change converted out of order) fills the gap it
+      // left: it was late, not lost.
+      --st.stat.gap_lost;
+    }
+    if (!st.seen || rec.index > st.last_index) st.last_index = rec.index;
+    st.seen = true;
+
+    const EvInfo& ev = info(in.source, rec.event);
+    const JobRole role = ev.role;  // `ev` may move when info() inserts below
+    auto [eit, fresh] = events_.try_emplace(event_key(in.source, rec.event));
+    if (fresh) {
+      eit->second.source = in.source;
+      eit->second.event = rec.event;
+      eit->second.name = ev.name;
+      eit->second.kind = in.kind();
+    }
+    ++eit->second.count;
+
+    switch (in.kind()) {
+      case PERFQ_KIND_LOST:
+        st.stat.reported_lost += rec.arg;
+        st.reported.note(t, rec.index);
+        break;
+      case PERFQ_KIND_BEGIN:
+        if (st.open.size() < 1024) st.open.emplace_back(rec.event, t);
+        break;
+      case PERFQ_KIND_END:
+        if (st.open.empty()) {
+          ++r_.unmatched_ends;
+        } else {
+          auto [bev, bt] = st.open.back();
+          st.open.pop_back();
+          pairs_[{in.source, info(in.source, bev).name}].add(t - bt);
+        }
+        break;
+      default:
+        break;
+    }
+    if (sched_) sched_event(in, t);
+    if (role != kNoRole) job(role, rec.arg, t, in.source, rec.stream);
+  }
+
+  // A device record's claim, in its device's totals and in the segment its
+  // recorded time falls in (the newest that starts at or before it).
+  void claim(const TraceRecord& in) {
+    if (in.conv == TraceConversion::kNone && in.domain() != PERFQ_CLOCK_DEVICE) return;
+    ClaimState& c = claims_[in.source];
+    ++c.totals.records;
+    const bool bounded = in.conv != TraceConversion::kNone && in.claim_ns != kClaimUnbounded;
+    switch (in.conv) {
+      case TraceConversion::kNone: ++c.totals.unclaimed; break;
+      case TraceConversion::kModel: ++c.totals.by_daemon; break;
+      case TraceConversion::kDevice: ++c.totals.by_device; break;
+      case TraceConversion::kForced: ++c.totals.forced; break;
+      default: ++c.totals.unclaimed; break;
+    }
+    if (in.conv != TraceConversion::kNone && in.claim_ns == kClaimUnbounded) {
+      ReportClaims& t = c.totals;
+      if (t.unbounded == 0 || in.time_ns < t.unbounded_first_ns) t.unbounded_first_ns = in.time_ns;
+      if (t.unbounded == 0 || in.time_ns > t.unbounded_last_ns) t.unbounded_last_ns = in.time_ns;
+      ++t.unbounded;
+    }
+    if (bounded) c.hist.add(in.claim_ns);
+    auto& segs = c.segments;
+    if (segs.empty()) return;
+    auto it = std::upper_bound(segs.begin(), segs.end(), in.time_ns,
+                               [](int64_t t, const ReportSegment& s) { return t < s.from_ns; });
+    ReportSegment& sg = it == segs.begin() ? segs.front() : *(it - 1);
+    ++sg.records;
+    if (bounded) sg.worst_claim_ns = std::max<uint64_t>(sg.worst_claim_ns, in.claim_ns);
+    if (in.conv != TraceConversion::kNone && in.claim_ns == kClaimUnbounded) ++sg.unbounded;
+  }
+
+  // A stored model in its segment's entry (segments by the host time their
+  // first model starts them at; the first from the recording's start).
+  void segment_model(const TraceClockModel& m, const ClockModel& cm) {
+    auto& segs = claims_[m.source].segments;
+    auto it = std::find_if(segs.begin(), segs.end(),
+                           [&](const ReportSegment& s) { return s.segment == m.model.segment; });
+    if (it == segs.end()) {
+      ReportSegment s;
+      s.segment = m.model.segment;
+      s.from_ns = segs.empty() ? INT64_MIN : static_cast<int64_t>(cm.to_host(cm.valid_from_device));
+      if (!segs.empty()) s.from_ns = std::max(s.from_ns, segs.back().from_ns);
+      segs.push_back(s);
+      it = segs.end() - 1;
+    }
+    ++it->models;
+    it->worst_model_ns = std::max<uint64_t>(it->worst_model_ns, m.model.uncertainty_ns);
+  }
+
+  // Scheduler state of the threads, from their switch events; any sign of
+  // life of a thread (its own record, syscall or uprobe) also ends a time
+  // off the CPU: a switch-in the kernel did not deliver.  It is then taken
+  // to have run from its last wakeup (an off-CPU time that is a lower bound).
+  void sched_event(const TraceRecord& in, int64_t t) {
+    const perfq_record& rec = in.rec;
+    uint32_t tid = 0;
+    bool alive = false;
+    if (in.source == PERFQ_KERNEL_SOURCE) {
+      tid = static_cast<uint32_t>(rec.arg);
+      ThreadSched& ts = sched_of_[tid];
+      switch (rec.event) {
+        case PERFQ_KEV_SCHED_OUT:
+          if (ts.off_since < 0) {
+            ts.off_since = t;
+            ts.woken_at = -1;
+          }
+          return;
+        case PERFQ_KEV_SCHED_IN:
+          if (ts.off_since >= 0) {
+            ts.off_total += std::max<int64_t>(0, t - ts.off_since);
+            ts.off_since = -1;
+          }
+          return;
+        case PERFQ_KEV_SCHED_WAKEUP:
+          if (ts.off_since >= 0) ts.woken_at = t;
+          return;
+        default:
+          alive = true;  // a syscall or uprobe runs in the thread
+      }
+    } else {
+      auto it = tid_of_.find(stream_key(in.source, rec.stream));
+      if (it == tid_of_.end()) return;
+      tid = it->second;
+      alive = true;
+    }
+    auto it = sched_of_.find(tid);
+    if (!alive || it == sched_of_.end() || it->second.off_since < 0) return;
+    ThreadSched& ts = it->second;
+    const int64_t ran_from = std::min(t, std::max(ts.off_since, ts.woken_at));
+    ts.off_total += std::max<int64_t>(0, ran_from - ts.off_since);
+    ts.off_since = -1;
+    ++r_.jobs.off_cpu.inferred_switch_ins;
+    if (in.source != PERFQ_KERNEL_SOURCE) ++r_.jobs.off_cpu.records_while_off;
+  }
+
+  void job(JobRole role, uint64_t id, int64_t t, uint16_t source, uint16_t stream) {
+    Job& j = jobs_[id];
+    j.t[role] = t;
+    j.mask |= static_cast<uint8_t>(1u << role);
+    if (role == 0 && sched_) {
+      auto it = tid_of_.find(stream_key(source, stream));
+      if (it != tid_of_.end()) {
+        j.tid = it->second;
+        j.off_at_submit = sched_of_[j.tid].off_at(t);
+      }
+    }
+    if (j.mask != 0xf) return;
+    if (j.tid != 0) {
+      // Records come in time order: the thread's total now, less at submit.
+      const int64_t off = sched_of_[j.tid].off_at(std::max(t, j.t[3])) - j.off_at_submit;
+      auto& oc = r_.jobs.off_cpu;
+      ++oc.jobs;
+      if (off > 0) {
+        ++oc.jobs_off_cpu;
+        off_cpu_.add(off);
+        const ReportOffCpuJob w{id, j.tid, off, j.t[3] - j.t[0]};
+        if (worst_.size() < kWorstOffCpu) {
+          worst_.push_back(w);
+        } else {
+          auto min = std::min_element(worst_.begin(), worst_.end(),
+                                      [](const auto& a, const auto& b) { return a.off_cpu_ns < b.off_cpu_ns; });
+          if (min->off_cpu_ns < off) *min = w;
+        }
+      }
+    }
+    ++job_count_;
+    lat_[0].add(j.t[1] - j.t[0]);
+    lat_[1].add(j.t[2] - j.t[1]);
+    lat_[2].add(j.t[3] - j.t[2]);
+    if (!(j.t[0] <= j.t[1] && j.t[1] <= j.t[2] && j.t[2] <= j.t[3])) ++r_.causality_violations;
+    jobs_.erase(id);
+  }
+
+  TraceReport& r_;
+  const std::map<uint16_t, Resync>* resync_;
+  bool have_time_ = false;
+  int64_t first_ = 0;
+  int64_t last_ = 0;
+  std::map<uint32_t, StreamState> streams_;
+  std::unordered_map<uint64_t, EvInfo> evinfo_;
+  std::map<uint64_t, ReportEvent> events_;
+  std::map<std::pair<uint16_t, std::string>, LatencyHistogram> pairs_;
+  std::map<uint16_t, ReportSync> sync_;
+  std::map<uint16_t, std::set<uint32_t>> segments_;
+  std::map<uint16_t, ClockModel> last_model_;  // the newest valid model per device
+  struct ClaimState {
+    ReportClaims totals;
+    LatencyHistogram hist;
+    std::vector<ReportSegment> segments;  // in host-time order
+  };
+  std::map<uint16_t, ClaimState> claims_;
+  std::unordered_map<uint64_t, Job> jobs_;
+  uint64_t job_count_ = 0;
+  LatencyHistogram lat_[3];
+  // Off-CPU time of the submitting threads (kernel sched events).
+  bool sched_ = false;
+  std::unordered_map<uint32_t, uint32_t> tid_of_;  // stream_key(source, stream) -> tid
+  std::unordered_map<uint32_t, ThreadSched> sched_of_;
+  LatencyHistogram off_cpu_;
+  std::vector<ReportOffCpuJob> worst_;
+};
+
+// First pass of --resync: every sync sample, grouped by device.
+class SampleCollector : public TraceVisitor {
+ public:
+  Status on_metadata(const TraceMetadata& m) override {
+    metadata = m;
+    return Status::ok();
+  }
+  Status on_sync_samples(std::span<const TraceSyncSample> s) override {
+    for (const auto& x : s) samples[x.source].push_back(x);
+    return Status::ok();
+  }
+  TraceMetadata metadata;
+  std::map<uint16_t, std::vector<TraceSyncSample>> samples;
+};
+
+// The sync module's whole-recording fit over a device's rounds, with its
+// nominal rates (a timer rate of 0 in old traces: the clock's rate).  Null
+// when the rates are unknown or nothing could be fitted.
+std::shared_ptr<const PiecewiseModel> offline_piecewise(const TraceSource* src,
+                                                        const std::vector<TraceSyncSample>& samples) {
+  const ClockRates rates = rates_of(src);
+  if (!rates.validate().is_ok()) return nullptr;
+  const std::vector<SyncRound> rounds = sync_rounds_of(samples);
+  OfflineFit fit = fit_offline_rounds(rounds, rates);
+  if (fit.model.empty() || fit.model.segments().back().knots.empty()) return nullptr;
+  return std::make_shared<const PiecewiseModel>(std::move(fit.model));
+}
+
+}  // namespace
+
+Result<TraceReport> analyze_trace(const std::string& path, const TraceReportOptions& options) {
+  auto reader = TraceReader::open(path);
+  if (!reader.is_ok()) return reader.status();
+  TraceReport r;
+  r.path = path;
+  std::map<uint16_t, Resync> models;
+  if (options.resync) {
+    SampleCollector c;
+    Status s = reader->read(c);
+    if (!s.is_ok() && s.code() != Errc::kCorrupt) return s;
+    for (auto& [src, samples] : c.samples) {
+      Resync rs;
+      rs.piecewise = offline_piecewise(c.metadata.find_source(src), samples);
+      if (!rs.piecewise) {
+        // Too few usable rounds to fit: the device keeps its online times,
+        // and the report says so rather than claim a resync.
+        r.resync_notes.push_back(fmt::format(
+            "source {}: no offline model ({} sync samples could not be fitted); its times are the "
+            "recording's own", src, samples.size()));
+        continue;
+      }
+      // Summarize the whole-recording model by its last segment: offset at
+      // its last knot, rate averaged from its first knot to its last.
+      const auto& knots = rs.piecewise->segments().back().knots;
+      rs.summary = knots.back();
+      const int64_t dd = time_diff(knots.back().device_ref, knots.front().device_ref);
+      if (dd > 0) {
+        const auto dh = static_cast<long double>(time_diff(
+            knots.back().to_host(knots.back().device_ref), knots.front().to_host(knots.front().device_ref)));
+        rs.summary.ns_per_tick = dh / static_cast<long double>(dd);
+      }
+      // The worst claim of any segment's knots is the whole model's.
+      for (const auto& seg : rs.piecewise->segments())
+        for (const auto& k : seg.knots) rs.worst_ns = std::max(rs.worst_ns, k.uncertainty_ns);
+      models[src] = std::move(rs);
+    }
+  }
+  Analyzer a(r, options.resync ? &models : nullptr);
+  Status s = reader->read(a);
+  if (!s.is_ok()) {
+    if (s.code() != Errc::kCorrupt) return s;
+    r.stopped_early = s.message();
+    r.stop_offset = reader->error_offset();
+  }
+  r.chunks = reader->summary().chunks;
+  r.clean_end = reader->summary().clean_end;
+  a.finish(options);
+  return r;
+}
+
+// ---------------------------------------------------------------------------
+// Output
+
+namespace {
+
+using nlohmann::ordered_json;
+
+ordered_json dist_json(const LatencyStats& d) {
+  return ordered_json{{"count", d.count}, {"min", d.min},  {"p50", d.p50}, {"p90", d.p90},
+                      {"p99", d.p99},     {"max", d.max},  {"mean", d.mean}};
+}
+
+std::string source_name(const TraceReport& r, uint16_t id) {
+  const TraceSource* s = r.metadata.find_source(id);
+  return s ? s->name : fmt::format("source {}", id);
+}
+
+const char* source_kind(const TraceReport& r, uint16_t id) {
+  const TraceSource* s = r.metadata.find_source(id);
+  return s ? trace_source_kind_name(s->kind) : "host";
+}
+
+}  // namespace
+
+std::string report_to_json(const TraceReport& r) {
+  ordered_json j;
+  j["file"] = r.path;
+  j["complete"] = r.stopped_early.empty();
+  j["clean_end"] = r.clean_end;
+  if (!r.stopped_early.empty()) {
+    j["stopped_early"] = {{"offset", r.stop_offset}, {"reason", r.stopped_early}};
+  }
+  j["host"] = {{"name", r.metadata.host_name},
+               {"kernel", r.metadata.kernel},
+               {"cpu", r.metadata.cpu},
+               {"perfq_version", r.metadata.perfq_version}};
+  ordered_json sources = ordered_json::array();
+  for (const auto& s : r.metadata.sources) {
+    ordered_json src = {{"id", s.id},
+                        {"kind", trace_source_kind_name(s.kind)},
+                        {"name", s.name},
+                        {"pci_address", s.pci_address},
+                        {"link", s.link}};
+    if (s.pci) src["pci"] = ordered_json::parse(pci_device_to_json(*s.pci).dump());
+    sources.push_back(src);
+  }
+  j["sources"] = sources;
+  j["first_ns"] = r.first_ns;
+  j["last_ns"] = r.last_ns;
+  j["duration_ns"] = r.duration_ns;
+  // "recording": the recorder's start to stop; "records": first to last record.
+  j["duration_of"] = r.duration_of_recording ? "recording" : "records";
+  if (r.duration_of_recording) {
+    j["recording_start_ns"] = r.recording_start_ns;
+    j["recording_stop_ns"] = r.recording_stop_ns;
+  }
+
+  ordered_json streams = ordered_json::array();
+  ordered_json loss_streams = ordered_json::array();
+  for (const auto& s : r.streams) {
+    streams.push_back({{"source", s.source},
+                       {"source_name", source_name(r, s.source)},
+                       {"kind", source_kind(r, s.source)},
+                       {"stream", s.stream},
+                       {"records", s.records}});
+    if (s.lost || s.loss_events) {
+      loss_streams.push_back({{"source", s.source},
+                              {"source_name", source_name(r, s.source)},
+                              {"kind", source_kind(r, s.source)},
+                              {"stream", s.stream},
+                              {"lost", s.lost},
+                              {"reported", s.reported_lost},
+                              {"index_gaps", s.gap_lost},
+                              {"loss_events", s.loss_events},
+                              {"first_loss_ns", s.first_loss_ns},
+                              {"last_loss_ns", s.last_loss_ns},
+                              {"first_loss_index", s.first_loss_index}});
+    }
+  }
+  j["records"] = {{"host", r.records_host},
+                  {"device", r.records_device},
+                  {"total", r.records_host + r.records_device},
+                  {"streams", streams}};
+  j["lost"] = {{"host", r.lost_host}, {"device", r.lost_device}, {"streams", loss_streams}};
+
+  ordered_json devices = ordered_json::array();
+  auto sync_json = [](const ReportSync& d) {
+    ordered_json o = {{"synchronized", d.synchronized}};
+    if (d.synchronized) {
+      o["device_ahead_ns"] = d.standing.device_ahead_ns;
+      o["device_fast_ppm"] = d.standing.device_fast_ppm;
+      o["standing"] = standing_text(d.standing);
+      o["rate_implausible"] = d.standing.rate_implausible;
+    }
+    o["uncertainty_ns"] = d.uncertainty_ns;
+    o["worst_uncertainty_ns"] = d.worst_uncertainty_ns;
+    o["samples"] = d.samples;
+    o["models"] = d.models;
+    o["segments"] = d.segments;
+    o["resynced"] = d.resynced;
+    const ReportClaims& c = d.claims;
+    ordered_json cl = {{"records", c.records},
+                       {"by_daemon", c.by_daemon},
+                       {"by_device", c.by_device},
+                       {"forced", c.forced},
+                       {"unbounded", c.unbounded},
+                       {"unbounded_first_ns", c.unbounded ? ordered_json(c.unbounded_first_ns) : ordered_json()},
+                       {"unbounded_last_ns", c.unbounded ? ordered_json(c.unbounded_last_ns) : ordered_json()},
+                       {"unclaimed", c.unclaimed},
+                       {"worst_ns", c.claim_ns.max},
+                       {"p50_ns", c.claim_ns.p50},
+                       {"p99_ns", c.claim_ns.p99}};
+    o["claims"] = cl;
+    ordered_json segs = ordered_json::array();
+    for (const auto& sg : d.segment_list) {
+      ordered_json so = {{"segment", sg.segment}};
+      if (sg.from_ns != INT64_MIN) so["from_ns"] = sg.from_ns;
+      so["models"] = sg.models;
+      so["worst_model_ns"] = sg.worst_model_ns;
+      so["records"] = sg.records;
+      so["worst_claim_ns"] = sg.worst_claim_ns;
+      so["unbounded"] = sg.unbounded;
+      segs.push_back(so);
+    }
+    o["segment_list"] = segs;
+    return o;
+  };
+  for (const auto& d : r.sync) {
+    ordered_json o = {{"source", d.source}, {"name", d.name}};
+    o.update(sync_json(d));
+    devices.push_back(o);
+  }
+  // Top level: the first device (the usual single-device case).
+  ordered_json sync = sync_json(r.sync.empty() ? ReportSync{} : r.sync.front());
+  sync["devices"] = devices;
+  if (!r.resync_notes.empty()) sync["resync_notes"] = r.resync_notes;
+  j["sync"] = sync;
+
+  ordered_json events = ordered_json::array();
+  for (const auto& e : r.events) {
+    events.push_back({{"source", e.source},
+                      {"source_name", source_name(r, e.source)},
+                      {"event", e.event},
+                      {"name", e.name},
+                      {"kind", record_kind_name(e.kind)},
+                      {"count", e.count},
+                      {"rate_per_s", e.rate_per_s}});
+  }
+  j["events"] = events;
+  ordered_json pairs = ordered_json::array();
+  for (const auto& p : r.pairs) {
+    ordered_json d = dist_json(p.duration);
+    pairs.push_back({{"source", p.source},
+                     {"source_name", source_name(r, p.source)},
+                     {"name", p.name},
+                     {"duration_ns", d}});
+  }
+  j["durations"] = pairs;
+  j["unmatched_ends"] = r.unmatched_ends;
+  j["jobs"] = {{"count", r.jobs.count},
+               {"incomplete", r.jobs.incomplete},
+               {"submit_to_start_ns", dist_json(r.jobs.submit_to_start)},
+               {"start_to_end_ns", dist_json(r.jobs.start_to_end)},
+               {"end_to_complete_ns", dist_json(r.jobs.end_to_complete)}};
+  if (r.jobs.off_cpu.available) {
+    ordered_json worst = ordered_json::array();
+    for (const auto& w : r.jobs.off_cpu.worst)
+      worst.push_back({{"corr_id", w.corr_id}, {"tid", w.tid}, {"off_cpu_ns", w.off_cpu_ns},
+                       {"latency_ns", w.latency_ns}});
+    j["off_cpu"] = {{"jobs", r.jobs.off_cpu.jobs},
+                    {"jobs_off_cpu", r.jobs.off_cpu.jobs_off_cpu},
+                    {"off_cpu_ns", dist_json(r.jobs.off_cpu.off_cpu)},
+                    {"inferred_switch_ins", r.jobs.off_cpu.inferred_switch_ins},
+                    {"records_while_off", r.jobs.off_cpu.records_while_off},
+                    {"worst", worst}};
+  }
+  j["causality_violations"] = r.causality_violations;
+  return j.dump(2, ' ', false, ordered_json::error_handler_t::replace) + "\n";
+}
+
+namespace {
+
+std::string ns_text(int64_t ns) {
+  double a = std::fabs(static_cast<double>(ns));
+  if (a >= 1e9) return fmt::format("{:.3f} s", static_cast<double>(ns) / 1e9);
+  if (a >= 1e6) return fmt::format("{:.3f} ms", static_cast<double>(ns) / 1e6);
+  if (a >= 1e3) return fmt::format("{:.3f} us", static_cast<double>(ns) / 1e3);
+  return fmt::format("{} ns", ns);
+}
+
+std::string dist_text(const LatencyStats& d) {
+  if (d.count == 0) return "none";
+  return fmt::format("n={} min {} p50 {} p90 {} p99 {} max {}", d.count, ns_text(d.min),
+                     ns_text(d.p50), ns_text(d.p90), ns_text(d.p99), ns_text(d.max));
+}
+
+// The claims of a device's recorded times, and per segment where there
+// are several: what a reader may trust of each part of the recording.
+template <class Line>
+void claims_text(const ReportSync& d, Line& line) {
+  const ReportClaims& c = d.claims;
+  if (c.records == 0) return;
+  std::string how;
+  auto part = [&how](uint64_t n, const char* what) {
+    if (n) how += fmt::format("{}{} {}", how.empty() ? "" : ", ", n, what);
+  };
+  part(c.by_daemon, "by the daemon");
+  part(c.by_device, "by the device");
+  part(c.forced, "forced, without a round after them");
+  part(c.unclaimed, "with no claim stored");
+  line(fmt::format("  {:<24} times converted: {} ({})", "", c.records, how));
+  if (c.claim_ns.count)
+    line(fmt::format("  {:<24} each within its claim: p50 +-{} ns  p99 +-{} ns  worst +-{} ns", "",
+                     c.claim_ns.p50, c.claim_ns.p99, c.claim_ns.max));
+  if (c.unbounded)
+    line(fmt::format("  {:<24} UNSYNCHRONIZED: {} records have no bound (no sync round vouched for "
+                     "their time), from {} to {}",
+                     "", c.unbounded, c.unbounded_first_ns, c.unbounded_last_ns));
+  if (d.segment_list.size() < 2) return;
+  for (const auto& sg : d.segment_list) {
+    const std::string from = sg.from_ns == INT64_MIN ? "start" : std::to_string(sg.from_ns);
+    line(fmt::format("  {:<24} segment {} from {}: {} records, worst claim +-{} ns{}  ({} models, "
+                     "loosest +-{} ns)",
+                     "", sg.segment, from, sg.records, sg.worst_claim_ns,
+                     sg.unbounded ? fmt::format(", {} unsynchronized", sg.unbounded) : "",
+                     sg.models, sg.worst_model_ns));
+  }
+}
+
+}  // namespace
+
+std::string report_to_text(const TraceReport& r) {
+  std::string o;
+  auto line = [&o](const std::string& s) { o += s + "\n"; };
+  line(fmt::format("trace {}  (host {}, {}, perfq {})", r.path, r.metadata.host_name,
+                   r.metadata.kernel, r.metadata.perfq_version));
+  if (!r.stopped_early.empty()) {
+    line(fmt::format("WARNING: trace ends early: {}; the figures cover the {} chunks before it",
+                     r.stopped_early, r.chunks));
+  } else if (!r.clean_end) {
+    line("note: no end chunk (the writer did not close the file); all chunks are complete");
+  }
+  bool pci_header = false;
+  for (const auto& s : r.metadata.sources) {
+    if (!s.pci) continue;
+    if (!pci_header) line("pci");
+    pci_header = true;
+    const PciDevice& d = *s.pci;
+    std::string where = fmt::format("  {:<24} {}  {} [{}]", s.name, d.address, d.display_name(),
+                                    d.ids_text());
+    if (d.driver) where += "  driver " + *d.driver;
+    if (d.numa_node) where += fmt::format("  numa node {}", *d.numa_node);
+    if (d.iommu_group) where += fmt::format("  iommu group {}", *d.iommu_group);
+    line(where);
+    line("    " + pci_link_summary(d));
+    if (const std::string p = pci_payload_summary(d); !p.empty()) line("    " + p);
+  }
+  line(fmt::format("duration      {}{}", ns_text(r.duration_ns),
+                   r.duration_of_recording ? "" : " (first to last record: the recorder stated no interval)"));
+  line(fmt::format("records       host {}  device {}", r.records_host, r.records_device));
+  for (const auto& s : r.streams) {
+    line(fmt::format("  {:<24} {:<6} stream {:<5} {:>12} records", source_name(r, s.source),
+                     source_kind(r, s.source), s.stream, s.records));
+  }
+  line(fmt::format("lost          host {}  device {}", r.lost_host, r.lost_device));
+  for (const auto& s : r.streams) {
+    if (!s.lost && !s.loss_events) continue;
+    line(fmt::format("  {:<24} stream {:<5} lost {} (reported {}, index gaps {}) in {} events, "
+                     "first at {} (index {}), last at {}",
+                     source_name(r, s.source), s.stream, s.lost, s.reported_lost, s.gap_lost,
+                     s.loss_events, s.first_loss_ns, s.first_loss_index, s.last_loss_ns));
+  }
+  line("sync");
+  if (r.sync.empty()) line("  no devices");
+  for (const auto& d : r.sync) {
+    if (!d.synchronized) {
+      line(fmt::format("  {:<24} not synchronized (no clock model)  samples {}", d.name, d.samples));
+      continue;
+    }
+    line(fmt::format("  {:<24} {}{}", d.name, standing_text(d.standing),
+                     d.resynced ? "  (offline resync)" : ""));
+    line(fmt::format("  {:<24} bound +-{} ns (worst of the recording +-{} ns)  samples {}  models {}  "
+                     "segments {}",
+                     "", d.uncertainty_ns, d.worst_uncertainty_ns, d.samples, d.models, d.segments));
+    claims_text(d, line);
+  }
+  for (const auto& n : r.resync_notes) line("  note: " + n);
+  line("events");
+  for (const auto& e : r.events) {
+    line(fmt::format("  {:<24} {:<24} {:<8} {:>12}  {:>12.1f}/s", source_name(r, e.source), e.name,
+                     record_kind_name(e.kind), e.count, e.rate_per_s));
+  }
+  line("durations (begin/end)");
+  for (const auto& p : r.pairs) {
+    line(fmt::format("  {:<24} {:<24} {}", source_name(r, p.source), p.name, dist_text(p.duration)));
+  }
+  if (r.unmatched_ends) line(fmt::format("  {} end records had no open begin", r.unmatched_ends));
+  line(fmt::format("jobs          {} complete, {} incomplete", r.jobs.count, r.jobs.incomplete));
+  line(fmt::format("  submit->start   {}", dist_text(r.jobs.submit_to_start)));
+  line(fmt::format("  start->end      {}", dist_text(r.jobs.start_to_end)));
+  line(fmt::format("  end->complete   {}", dist_text(r.jobs.end_to_complete)));
+  if (r.jobs.off_cpu.available) {
+    const auto& oc = r.jobs.off_cpu;
+    line(fmt::format("  submitting thread off-CPU during {} of {} jobs: {}", oc.jobs_off_cpu, oc.jobs,
+                     dist_text(oc.off_cpu)));
+    for (const auto& w : oc.worst)
+      line(fmt::format("    job {:#x} (tid {}): off-CPU {:.1f} us of {:.1f} us", w.corr_id, w.tid,
+                       static_cast<double>(w.off_cpu_ns) / 1e3, static_cast<double>(w.latency_ns) / 1e3));
+  }
+  line(fmt::format("causality violations  {}", r.causality_violations));
+  return o;
+}
+
+}  // namespace perfq

@@ -1,0 +1,52 @@
+// Internal: the application side of the control socket, as both ends speak
+// it (client.cpp in the application, host_apps.cpp in the daemon).
+//
+// Line-delimited JSON over a Unix stream socket, one object per
+// '\n'-terminated line of at most kAppMaxLine bytes.  Every request of the
+// application gets exactly one reply line; the daemon never sends anything
+// unasked, and the application sends nothing before it has read the reply
+// to its previous request.
+//
+//   app -> daemon                                  daemon -> app
+//   {"cmd":"app_hello","version":1,"pid":P,        {"ok":true,"source":S,"ring_records":C,
+//    "name":"...","events":[{"id":1,                "recording":true}
+//    "name":"job_submit","kind":3},...]}
+//   {"cmd":"events","events":[{"id":..,            {"ok":true}
+//    "name":..,"kind":..}]}
+//   {"cmd":"thread","tid":T,"name":"worker-1"}     {"ok":true,"stream":N,"ring_records":C,
+//                                                   "bytes":B}  + the ring's memfd (SCM_RIGHTS)
+//   anything else, malformed, oversized            {"ok":false,"error":"..."}
+//
+// An oversized line also ends the connection.  Thread exit is not a message:
+// the thread marks its ring finished (perfq_app_ring_header.finished);
+// process exit is the connection's EOF.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <string>
+
+#include <nlohmann/json.hpp>
+#include <vector>
+
+#include "perfq/event_info.h"
+#include "app/json_lines.h"
+#include "core/mapping.h"
+#include "perfq/status.h"
+
+namespace perfq {
+
+inline constexpr int kAppProtoVersion = 1;
+
+// Printable ASCII, at most max bytes: names from applications end up in
+// logs, status output and trace metadata.
+std::string clean_name(const std::string& s, size_t max);
+
+// One event as the "events" arrays carry it: {"id":..,"name":..,"kind":..}.
+nlohmann::json event_to_json(const EventInfo& e);
+// An "events" array into *out, with the limits applied (ids 1..max_id,
+// kinds BEGIN..COUNTER, names of 1 to PERFQ_EVENT_NAME_LEN - 1 bytes).
+Status parse_events(const nlohmann::json& arr, size_t max_id, std::vector<EventInfo>* out);
+
+}  // namespace perfq

@@ -1,0 +1,183 @@
+// The device side: worker queues, the collector, the event dictionary.
+//
+//   device worker threads --record()--> DeviceStream (own SPSC queue, the
+//   "first queue") --DeviceCollector (one thread)--> the region's record ring
+//   --> host.
+//
+// A worker never blocks: a full queue drops the record and counts it; the
+// record's index (a per-stream sequence number) is consumed either way, so
+// a gap also reveals the loss.  When the shared ring is full the collector
+// keeps the oldest data: it stops reading the worker queues (they fill and
+// their workers drop) and, once there is room again, emits one record of
+// kind LOST per stream with the number of records dropped since the last
+// report.  emitted = delivered + dropped, exactly.
+//
+// Plain C++ with no host-only dependency: device firmware can link it.
+#pragma once
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "device/device_clock.h"
+#include "perfq/event_info.h"
+#include "perfq/perfq_abi.h"
+#include "core/region.h"
+#include "core/spsc_ring.h"
+#include "sync/sync.h"
+
+namespace perfq {
+
+// One device worker's queue.  record()/record_at() are called by that
+// worker thread only; the collector is the queue's only consumer.
+class DeviceStream {
+ public:
+  DeviceStream(uint16_t stream, uint64_t queue_capacity, const DeviceClock& clock);
+  DeviceStream(const DeviceStream&) = delete;
+  DeviceStream& operator=(const DeviceStream&) = delete;
+
+  // Stamp with the device clock D and queue; false if the queue was full.
+  bool record(uint32_t event, perfq_kind kind, uint64_t arg) noexcept {
+    return record_at(event, kind, clock_.now(), arg);
+  }
+  // Queue with an explicit device time.
+  bool record_at(uint32_t event, perfq_kind kind, uint64_t time, uint64_t arg) noexcept {
+    const uint64_t index = emitted_.load(std::memory_order_relaxed);
+    emitted_.store(index + 1, std::memory_order_relaxed);
+    const perfq_record r{index, event, stream_, PERFQ_FLAGS(kind, PERFQ_CLOCK_DEVICE), time, arg};
+    if (producer_.try_push(r)) return true;
+    // The drop's time first: the collector that sees the count sees a drop
+    // time at least this one (count_lost() releases, dropped() acquires).
+    last_drop_time_.store(time, std::memory_order_relaxed);
+    ring_.memory().count_lost();
+    return false;
+  }
+
+  uint16_t id() const noexcept { return stream_; }
+  // Records the worker tried to record (delivered or dropped), so far.
+  uint64_t emitted() const noexcept { return emitted_.load(std::memory_order_relaxed); }
+  // Records the worker dropped because its queue was full, so far.
+  uint64_t dropped() const noexcept { return ring_.memory().lost(); }
+  // Device time of the newest record dropped so far (read after dropped():
+  // at least that of the drop it counted last).
+  uint64_t last_drop_time() const noexcept { return last_drop_time_.load(std::memory_order_relaxed); }
+
+ private:
+  friend class DeviceCollector;
+  uint16_t stream_;
+  const DeviceClock& clock_;
+  HeapRing<perfq_record> ring_;
+  SpscProducer<perfq_record> producer_;
+  SpscConsumer<perfq_record> consumer_;  // the collector's end
+  std::atomic<uint64_t> emitted_{0};
+  std::atomic<uint64_t> last_drop_time_{0};
+};
+
+// Per-stream accounting kept by the collector.
+struct StreamDelivery {
+  uint64_t delivered = 0;      // worker records copied into the shared ring
+  uint64_t lost_reported = 0;  // sum of the LOST records' counts sent
+  uint64_t undelivered = 0;    // left behind at shutdown (counted as dropped)
+};
+
+struct CollectorOptions {
+  size_t batch = 256;                                   // records per copy
+  // Sync mode B: when the host asks for it (SYNC page mode), pair the host
+  // samples in the mailbox with the device's own samples of the same round,
+  // track the clock model here, and convert record times to host time
+  // (PERFQ_CLOCK_HOST_BY_DEVICE) as they are copied into the shared ring.
+  bool mode_b = true;
+  std::chrono::milliseconds mailbox_poll{10};
+  std::chrono::microseconds max_sleep{1000};           // idle back-off ceiling
+  std::chrono::milliseconds shutdown_timeout{5000};     // to deliver what is queued
+};
+
+// The device collector (the "first thread").  Drains every DeviceStream into
+// the region's ring through the mirrored control words.  run() belongs to one
+// thread; stats are read after it returns.
+class DeviceCollector {
+ public:
+  DeviceCollector(const Region& region, std::vector<DeviceStream*> streams,
+                  const DeviceClock& clock, CollectorOptions opts = {});
+
+  // Collect until stop is set, then deliver what the workers queued (call it
+  // after the workers have stopped recording, or they keep adding) within the
+  // shutdown timeout, and mark the device STOPPED.  (The device marks itself
+  // RUNNING, with set_device_state(), once all its threads are up.)
+  void run(const std::atomic<bool>& stop);
+
+  // One pass over all streams; returns the records moved (LOST included).
+  size_t pass();
+
+  const std::vector<StreamDelivery>& delivery() const { return delivery_; }
+  const RingFault& fault() const { return producer_.fault(); }
+  // Mode B: whether records are being converted, and the device's model.
+  bool converting() const { return converting_; }
+  const DeviceClockSync& mode_b_sync() const { return mode_b_; }
+
+ private:
+  bool drained() const;
+  void poll_mailbox();
+
+  const Region& region_;
+  std::vector<DeviceStream*> streams_;
+  const DeviceClock& clock_;
+  CollectorOptions opts_;
+  SpscProducer<perfq_record> producer_;
+  std::vector<StreamDelivery> delivery_;
+  uint64_t heartbeat_ = 0;
+  DeviceClockSync mode_b_;
+  bool device_now_ = false;  // the region declares PERFQ_FEAT_DEVICE_NOW
+  bool converting_ = false;
+  uint32_t mailbox_round_ = 0;
+  uint64_t next_mailbox_poll_ = 0;
+};
+
+// Device: write the dictionary into the region (entries first, then count).
+Status publish_dictionary(const Region& region, const std::vector<EventInfo>& events);
+// Host: read and validate the device's dictionary.
+Result<std::vector<EventInfo>> read_dictionary(const Region& region);
+
+// Set the device state word in the host control page (posted write).
+void set_device_state(const Region& region, perfq_device_state state) noexcept;
+perfq_device_state device_state(const Region& region) noexcept;
+
+// Adaptive idle wait: spin a little, then sleep with exponential back-off up
+// to a ceiling.  reset() after doing work.  With a deep ceiling, a waiter
+// idle for deep_after in all may sleep longer still (an idle daemon then
+// costs nearly nothing; the first work after a long idle waits at most
+// deep_sleep, which the rings behind it must absorb).
+class Backoff {
+ public:
+  explicit Backoff(std::chrono::microseconds max_sleep = std::chrono::microseconds(1000),
+                   unsigned spins = 64,
+                   std::chrono::microseconds deep_sleep = std::chrono::microseconds(0),
+                   std::chrono::microseconds deep_after = std::chrono::microseconds(0))
+      : max_sleep_us_(static_cast<uint64_t>(max_sleep.count())),
+        deep_sleep_us_(std::max(max_sleep_us_, static_cast<uint64_t>(deep_sleep.count()))),
+        deep_after_us_(static_cast<uint64_t>(deep_after.count())),
+        spins_(spins) {}
+  void reset() noexcept { idle_ = 0; sleep_us_ = 1; slept_us_ = 0; }
+  // After a pass that found some work but far from a full batch: a steady
+  // trickle.  The next waits sleep max_sleep at once, without spinning or
+  // climbing from 1 us, so that work is taken in batches of max_sleep's
+  // worth: every wakeup costs a context switch (tens of microseconds of CPU
+  // on a VM), and a waiter that polls again at once after each handful of
+  // records spends more on wakeups than on the records.
+  void steady() noexcept { idle_ = spins_; sleep_us_ = max_sleep_us_; slept_us_ = 0; }
+  void wait() noexcept;
+
+ private:
+  uint64_t max_sleep_us_;
+  uint64_t deep_sleep_us_;
+  uint64_t deep_after_us_;
+  unsigned spins_;
+  unsigned idle_ = 0;
+  uint64_t sleep_us_ = 1;
+  uint64_t slept_us_ = 0;  // asked-for sleep since the last reset()
+};
+
+}  // namespace perfq

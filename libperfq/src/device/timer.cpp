@@ -1,0 +1,168 @@
+#include "device/timer.h"
+
+#include <linux/futex.h>
+#include <sched.h>
+#include <time.h>
+#include <sys/resource.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <cerrno>
+
+#include <algorithm>
+#include <climits>
+#include <string>
+
+#include "core/ring.h"
+#include "sync/sync_buffer.h"
+#include "core/os_wait.h"
+
+namespace perfq {
+namespace {
+
+}  // namespace
+
+Status raise_sync_priority() {
+  const auto tid = static_cast<id_t>(syscall(SYS_gettid));
+  errno = 0;
+  const int now = getpriority(PRIO_PROCESS, tid);  // -1 is a valid value: errno tells
+  if (errno == 0 && now <= kSyncNice) return Status::ok();
+  if (setpriority(PRIO_PROCESS, tid, kSyncNice) != 0)
+    return Status::from_errno("setting the sync thread's nice value to " +
+                              std::to_string(kSyncNice) + " (needs root or CAP_SYS_NICE)");
+  return Status::ok();
+}
+
+TimerServer::TimerServer(const Region& region, const DeviceClock& clock, Options opts)
+    : region_(region), clock_(clock), opts_(opts) {}
+
+void TimerServer::publish(uint32_t round, std::vector<perfq_clock_sample>& samples) {
+  // A round always gets at least one device sample, however few reads it had.
+  if (samples.empty()) samples.push_back(sample_device_clock(clock_));
+  write_sample_batch(&region_.sync()->device_samples, round, samples);
+  samples.clear();
+  // The host may sleep on the batch's round word (HostSync::round()).
+  futex_wake_all(&region_.sync()->device_samples.round);
+}
+
+void TimerServer::run(const std::atomic<bool>& stop) {
+  (void)raise_sync_priority();  // without the privilege, it serves as it is
+  perfq_timer_page* t = region_.timer();
+  uint64_t last = load_acquire(&t->resp_tag);
+  std::vector<perfq_clock_sample> samples;
+  samples.reserve(PERFQ_SYNC_MAX_SAMPLES);
+  const uint64_t limit = static_cast<uint64_t>(
+      std::chrono::duration_cast<std::chrono::nanoseconds>(opts_.spin_limit).count());
+  const uint32_t every = std::max<uint32_t>(opts_.sample_every, 1);
+  uint32_t round = 0;
+  while (!stop.load(std::memory_order_acquire)) {
+    if (round == 0) {
+      round = __atomic_load_n(&t->window, __ATOMIC_ACQUIRE);
+      if (round == 0) {
+        futex_wait(&t->window, 0, opts_.poll);
+        continue;
+      }
+      windows_.fetch_add(1, std::memory_order_relaxed);
+    }
+    // Serve requests while the window of this round is open; if the reader
+    // goes quiet for spin_limit (it died, or forgot to close), poll slowly.
+    uint64_t quiet_since = monotonic_ns();
+    uint32_t answered = 0;
+    for (uint32_t n = 0;; ++n) {
+      // Pairs with the reader's store_release of req_tag.
+      const uint64_t req = load_acquire(&t->req_tag);
+      if (req != last) {
+        jitter_delay(clock_.jitter_ns());
+        store_relaxed(&t->resp_value, clock_.read_timer());
+        // Pairs with the reader's load_acquire of resp_tag: resp_value first.
+        store_release(&t->resp_tag, req);
+        last = req;
+        served_.fetch_add(1, std::memory_order_relaxed);
+        // Our own sample, right after the answer: interleaved with the host's.
+        if (++answered % every == 0 && samples.size() < PERFQ_SYNC_MAX_SAMPLES)
+          samples.push_back(sample_device_clock(clock_));
+        quiet_since = monotonic_ns();
+        n = 0;
+        continue;
+      }
+      cpu_relax();
+      // The window word has a cache line of its own: checking it often is
+      // cheap, and the host waits for the batch we publish when it closes.
+      if ((n & 15) == 0) {
+        const uint32_t w = __atomic_load_n(&t->window, __ATOMIC_ACQUIRE);
+        if (w != round) {  // closed, or already the next round
+          publish(round, samples);
+          round = w;
+          if (w != 0) windows_.fetch_add(1, std::memory_order_relaxed);
+          break;
+        }
+        if ((n & 255) != 0) continue;
+        if (stop.load(std::memory_order_acquire)) return;
+        if (monotonic_ns() - quiet_since > limit) {
+          futex_wait(&t->window, w, opts_.poll);  // a window left open: poll slowly
+          quiet_since = monotonic_ns() - limit;   // keep polling until a request
+        }
+      }
+    }
+  }
+}
+
+TimerReader::TimerReader(const Region& region)
+    : region_(region), tag_(load_acquire(&region.timer()->req_tag)) {}
+
+void TimerReader::open_window(uint32_t round) noexcept {
+  uint32_t* w = &region_.timer()->window;
+  __atomic_store_n(w, round == 0 ? 1u : round, __ATOMIC_RELEASE);
+  futex_wake_all(w);
+}
+
+void TimerReader::close_window() noexcept {
+  __atomic_store_n(&region_.timer()->window, 0u, __ATOMIC_RELEASE);
+}
+
+Result<perfq_clock_sample> TimerReader::read(std::chrono::microseconds timeout) {
+  perfq_timer_page* t = region_.timer();
+  const uint64_t tag = ++tag_;
+  perfq_clock_sample s{};
+  s.before = monotonic_ns();
+  // Pairs with the server's load_acquire of req_tag.
+  store_release(&t->req_tag, tag);
+  const uint64_t deadline =
+      s.before + static_cast<uint64_t>(
+                     std::chrono::duration_cast<std::chrono::nanoseconds>(timeout).count());
+  uint64_t nap_ns = 50'000;
+  for (uint32_t n = 0;; ++n) {
+    // Pairs with the server's store_release of resp_tag.
+    if (load_acquire(&t->resp_tag) == tag) {
+      s.value = load_relaxed(&t->resp_value);
+      s.after = monotonic_ns();
+      return s;
+    }
+    cpu_relax();
+    if ((n & 63) != 0) continue;
+    const uint64_t now = monotonic_ns();
+    if (now > deadline)
+      return Status(Errc::kTimeout,
+                    "timer register read timed out after " + std::to_string(timeout.count()) +
+                        " us: device '" + region_.device_name() + "' did not answer request " +
+                        std::to_string(tag) + " (is the device running?)");
+    // A device that does not answer within microseconds is not running right
+    // now (a busy machine, or asleep until the window opened): let it run
+    // instead of spinning (a yield hands it our CPU at once where it waits
+    // for one).  Past a millisecond it is away for longer: back off with
+    // sleeps, since every wakeup costs CPU time too (tens of us on a VM).
+    // The sample's bracket is wide; the round's selection by delay
+    // discards it.
+    const uint64_t waited = now - s.before;
+    if (waited > 1'000'000) {
+      const uint64_t nap = std::min(nap_ns, deadline - now);
+      timespec ts{static_cast<time_t>(nap / 1'000'000'000), static_cast<long>(nap % 1'000'000'000)};
+      nanosleep(&ts, nullptr);
+      nap_ns = std::min<uint64_t>(nap_ns * 2, 1'000'000);
+    } else if (waited > 20'000) {
+      sched_yield();
+    }
+  }
+}
+
+}  // namespace perfq

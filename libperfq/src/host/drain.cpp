@@ -1,0 +1,95 @@
+#include "host/drain.h"
+
+#include <fmt/format.h>
+
+#include "device/device.h"
+
+namespace perfq {
+
+std::string validate_record(const perfq_record& r, RecordOrigin origin) {
+  const unsigned kind = PERFQ_FLAGS_KIND(r.flags);
+  const unsigned domain = PERFQ_FLAGS_DOMAIN(r.flags);
+  if (kind == PERFQ_KIND_INVALID || kind > PERFQ_KIND_MAX)
+    return fmt::format("kind {} is not valid", kind);
+  if (domain > PERFQ_CLOCK_MAX) return fmt::format("clock domain {} is not valid", domain);
+  if (r.flags & PERFQ_FLAGS_RESERVED_MASK)
+    return fmt::format("reserved flag bits {:#x} are set", r.flags & PERFQ_FLAGS_RESERVED_MASK);
+  if (origin == RecordOrigin::kDevice) {
+    if (domain != PERFQ_CLOCK_DEVICE && domain != PERFQ_CLOCK_HOST_BY_DEVICE)
+      return fmt::format("clock domain {} ({}) is not one a device stamps: the host converts device "
+                         "clock times (1) and mode B's host times (3) only",
+                         domain, domain == PERFQ_CLOCK_DEVICE_TIMER ? "timer register R" : "host");
+  } else {
+    if (kind == PERFQ_KIND_LOST) return "kind LOST is the daemon's, not an application's";
+    if (domain != PERFQ_CLOCK_HOST)
+      return fmt::format("clock domain {} is not host time (0)", domain);
+  }
+  return {};
+}
+
+DeviceDrain::DeviceDrain(const Region& region)
+    : region_(region), consumer_(region.host_consumer()) {}
+
+Result<size_t> DeviceDrain::poll(std::vector<perfq_record>& out, size_t max) {
+  auto span = consumer_.peek(max);
+  if (consumer_.fault())
+    return Status(Errc::kCorrupt, "device '" + region_.device_name() +
+                                      "' ring: " + consumer_.fault().describe());
+  const size_t n = span.size();
+  if (n == 0) return size_t{0};
+  const size_t base = out.size();
+  out.resize(base + n);
+  span.copy_to(out.data() + base, n);  // private copy first, then validate
+  consumer_.release(n);
+  size_t w = base;
+  for (size_t i = base; i < base + n; ++i) {
+    const perfq_record& r = out[i];
+    if (std::string why = validate_record(r); !why.empty()) {
+      if (invalid_++ == 0)
+        first_invalid_ = fmt::format("record at ring position {} (stream {}, index {}): {}",
+                                     consumer_.head() - n + (i - base), r.stream, r.index, why);
+      continue;
+    }
+    out[w++] = r;
+  }
+  out.resize(w);
+  return n;
+}
+
+Result<uint64_t> DeviceDrain::skip_backlog() {
+  // Once, up to the tail seen now: records published meanwhile are the
+  // recording's.
+  auto span = consumer_.peek(SIZE_MAX);
+  if (consumer_.fault())
+    return Status(Errc::kCorrupt, "device '" + region_.device_name() +
+                                      "' ring: " + consumer_.fault().describe());
+  const uint64_t skipped = span.size();
+  consumer_.release(span.size());
+  return skipped;
+}
+
+void DeviceDrain::account(const perfq_record& r) {
+  StreamAccount& a = streams_[r.stream];
+  if (PERFQ_FLAGS_KIND(r.flags) == PERFQ_KIND_LOST) {
+    a.lost_reported += r.arg;
+    return;
+  }
+  if (!a.seen) {
+    a.seen = true;
+    a.next_index = r.index;
+  }
+  if (r.index > a.next_index)
+    a.gap_records += r.index - a.next_index;
+  else if (r.index < a.next_index)
+    ++a.out_of_order;
+  if (r.index >= a.next_index) a.next_index = r.index + 1;
+  ++a.received;
+}
+
+bool DeviceDrain::finished() {
+  if (device_state(region_) != PERFQ_DEVICE_STOPPED) return false;
+  // STOPPED is stored after the final tail: whatever we see now is final.
+  return consumer_.peek(1).empty() && !consumer_.fault();
+}
+
+}  // namespace perfq

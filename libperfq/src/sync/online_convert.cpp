@@ -1,0 +1,345 @@
+// The online converter of device times (sync/online_convert.h).
+#include "sync/online_convert.h"
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <iterator>
+
+namespace perfq {
+
+namespace {
+
+bool device_domain(const perfq_record& r) { return PERFQ_FLAGS_DOMAIN(r.flags) == PERFQ_CLOCK_DEVICE; }
+
+}  // namespace
+
+std::shared_ptr<const ConversionModel> ConversionModel::after_round(
+    std::shared_ptr<const ConversionModel> prev, const ClockSync& sync, const RoundGate& gate,
+    ClockSync::Verdict v, const SyncObservation& obs, double horizon_s) {
+  if (!sync.has_model()) return prev;
+  if (taken_into_model(v)) {
+    const auto horizon =
+        static_cast<uint64_t>(horizon_s * static_cast<double>(sync.rates().device_hz));
+    const uint64_t d = obs.device_time;
+    return std::make_shared<const ConversionModel>(ConversionModel{
+        sync.current(), sync.history().recent(d > horizon ? d - horizon : 0), d,
+        static_cast<int64_t>(obs.host_ns), gate.taken(), gate.tight_ns(), sync.contradicted()});
+  }
+  if (sync.contradicted() && prev && !prev->contradicted) {
+    auto c = std::make_shared<ConversionModel>(*prev);
+    c->contradicted = true;
+    return c;
+  }
+  return prev;
+}
+
+OnlineConverter::OnlineConverter(Options o)
+    : o_(std::move(o)),
+      back_step_ticks_(static_cast<int64_t>(o_.back_step_ns * static_cast<double>(o_.device_clock_hz) / 1e9) +
+                       1) {}
+
+OnlineConverter::Held::Read OnlineConverter::read_state(const ConversionModel* m, int64_t read_ns) {
+  return {read_ns, m ? m->current.segment : 0, m && m->contradicted};
+}
+
+void OnlineConverter::emit(const TraceRecord& tr, StreamClock& sc, std::vector<TraceRecord>& out) {
+  if (device_domain(tr.rec) && PERFQ_FLAGS_KIND(tr.rec.flags) != PERFQ_KIND_LOST)
+    sc.last_host = std::max(sc.last_host, tr.time_ns);
+  out.push_back(tr);
+}
+
+uint64_t OnlineConverter::feed(std::span<const perfq_record> batch, const ConversionModel* m,
+                               int64_t now, int64_t read_ns, std::vector<TraceRecord>& out) {
+  const Held::Read rs = read_state(m, read_ns);
+  uint64_t dropped = 0;
+  StreamClock* sc = nullptr;
+  for (const auto& r : batch) {
+    // Batches come stream by stream: look the stream up once per run.
+    if (!sc || sc->id != r.stream) {
+      sc = &streams_[r.stream];
+      sc->id = r.stream;
+    }
+    TraceRecord tr;
+    const uint32_t epoch = epoch_of(r, *sc, m);
+    // In stream order: behind a waiting record of its stream, a record waits.
+    if (sc->waiting.empty() && convert(r, *sc, epoch, m, false, rs, &tr)) {
+      emit(tr, *sc, out);
+    } else if (waiting_ < o_.max_waiting) {
+      if (waiting_ == 0) held_since_ = now;
+      sc->waiting.push_back({r, rs, epoch});
+      ++waiting_;
+    } else {
+      ++dropped;
+    }
+  }
+  return dropped;
+}
+
+bool OnlineConverter::release(const std::shared_ptr<const ConversionModel>& m, int64_t now,
+                              std::vector<TraceRecord>& out, size_t max_out) {
+  if (!m || waiting_ == 0) return true;
+  // The oldest waiting record (each stream's are in arrival order).
+  int64_t oldest = INT64_MAX;
+  for (const auto& [id, sc] : streams_)
+    if (!sc.waiting.empty()) oldest = std::min(oldest, sc.waiting.front().read.read_ns);
+  const bool stale = now - held_since_ > o_.stale_model_ns;
+  const bool waited_long = now - oldest > o_.max_wait_ns;
+  if (m == held_model_ && !stale && !waited_long) return true;
+  // Per stream, what the model converts is a prefix of what waits (covered
+  // by a round, in time order): a model every 10 ms while a million records
+  // wait does not go through all of them.
+  size_t n = 0;
+  for (auto& [id, sc] : streams_) {
+    while (!sc.waiting.empty()) {
+      if (n >= max_out) return false;
+      TraceRecord tr;
+      const Held& f = sc.waiting.front();
+      if (!convert(f.rec, sc, f.epoch, m.get(), stale || now - f.read.read_ns > o_.max_wait_ns,
+                   f.read, &tr))
+        break;
+      emit(tr, sc, out);
+      ++n;
+      sc.waiting.pop_front();
+      --waiting_;
+    }
+  }
+  held_model_ = m;
+  held_since_ = now;
+  return true;
+}
+
+size_t OnlineConverter::finish(const ConversionModel* m, std::vector<TraceRecord>& out) {
+  size_t left = 0;
+  for (auto& [id, sc] : streams_) {
+    std::deque<Held> keep;
+    for (const auto& h : sc.waiting) {
+      TraceRecord tr;
+      // What a round after it covers converts as it would have; the rest
+      // with the model there is (kForced, with its claim); mode B's times
+      // without a model as the device gave them, unbounded.
+      if (convert(h.rec, sc, h.epoch, m, false, h.read, &tr) ||
+          convert(h.rec, sc, h.epoch, m, true, h.read, &tr)) {
+        emit(tr, sc, out);
+      } else {
+        keep.push_back(h);
+      }
+    }
+    sc.waiting.swap(keep);
+    left += sc.waiting.size();
+  }
+  waiting_ = left;
+  return left;
+}
+
+bool OnlineConverter::covers_waiting(const ConversionModel& m) const {
+  if (m.rounds < kMinModelRounds) return false;
+  // Each stream's newest device time and newest host time (mode B) are the
+  // last of their kind in its queue (epochs: the last is the newest).
+  for (const auto& [id, sc] : streams_) {
+    bool device = false, host = false;
+    for (auto it = sc.waiting.rbegin(); it != sc.waiting.rend() && !(device && host); ++it) {
+      if (device_domain(it->rec) && !device) {
+        device = true;
+        if (time_diff(m.covered_device, it->rec.time) < 0) return false;
+      } else if (!device_domain(it->rec) && !host) {
+        host = true;
+        if (static_cast<int64_t>(it->rec.time) > m.covered_host) return false;
+      }
+    }
+  }
+  return true;
+}
+
+int64_t OnlineConverter::waiting_bound(const ConversionModel* m, int64_t grace_ns) const {
+  int64_t bound = INT64_MAX;
+  // A waiting device time will land near where the model puts it (less
+  // the device latency, for what the model does not know); mode B's host
+  // times where the device put them.  Each stream's oldest is its first.
+  for (const auto& [id, sc] : streams_) {
+    if (sc.waiting.empty()) continue;
+    const perfq_record& r = sc.waiting.front().rec;
+    if (!device_domain(r)) {
+      bound = std::min(bound, static_cast<int64_t>(r.time) - grace_ns);
+    } else if (!m) {
+      return INT64_MIN;
+    } else {
+      bound = std::min(bound, static_cast<int64_t>(m->history.to_host(r.time)) - grace_ns);
+    }
+  }
+  return bound;
+}
+
+// The stream's epoch for r (see convert()): a device-clock record more
+// than back_step_ns earlier than its stream's newest opens the next
+// epoch.  LOST records carry the time of their newest drop, which may
+// precede records still queued: they neither open nor move an epoch.
+uint32_t OnlineConverter::epoch_of(const perfq_record& r, StreamClock& sc,
+                                   const ConversionModel* m) {
+  if (!device_domain(r) || PERFQ_FLAGS_KIND(r.flags) == PERFQ_KIND_LOST) return sc.epoch;
+  if (sc.seen && time_diff(r.time, sc.last) < -back_step_ticks_) {
+    const int64_t jump = time_diff(sc.last, r.time);
+    ++sc.epoch;
+    sc.last = r.time;
+    if (epoch_floor_.size() <= sc.epoch) {
+      // Segments from the next one on are this epoch's.
+      epoch_floor_.push_back(m && !m->history.empty() ? m->history.segments().back().id + 1 : 0);
+      if (o_.on_back_step) o_.on_back_step(r.stream, jump);
+    }
+  } else if (!sc.seen || time_diff(r.time, sc.last) > 0) {
+    sc.last = r.time;
+  }
+  sc.seen = true;
+  return sc.epoch;
+}
+
+
+// Converts r into out.  A device time is converted once a sync round
+// after it is in the model (`force`: with whatever model there is), so
+// the fit brackets it: interpolation, never extrapolation past the newest
+// round, where a forward clock step the rounds have not seen yet would
+// pass unnoticed (the host cannot tell a step from the time a record
+// took to reach it).  The fit of the time's own segment is used.
+//
+// `epoch`: how many times the record's stream saw the device clock go
+// back (epoch_of()).  A backward step makes device times repeat; a
+// record of epoch e converts only with the segments that began after
+// the step that opened e and before the next one, so a time after the
+// step waits for the model to confirm the step (its new segment) instead
+// of passing as covered by the old segment, seconds early.
+//
+// Around a step, a device time between the last round before it and the
+// first after it may belong to either segment.  A segment is a candidate
+// where it puts the time between the previous segment's last round and
+// the next one's first; of the candidates, those that put it neither
+// before its stream's previous record nor after it was read
+// (`rs.read_ns`) are preferred; of those, the newest converts it, and
+// the claim covers every one of them (a record the stream and its read
+// time cannot place carries the step in its claim, not a false bound).
+//
+// `sc`: the record's stream (streams_[r.stream]).
+bool OnlineConverter::convert(const perfq_record& r, const StreamClock& sc, uint32_t epoch,
+                              const ConversionModel* m, bool force, const Held::Read& rs,
+                              TraceRecord* out) const {
+  out->source = o_.source;
+  out->rec = r;
+  if (!device_domain(r)) return confirm_device_time(r, m, force, rs, out);
+  if (!m) return false;
+  if (!force && m->rounds < kMinModelRounds) return false;
+  const PiecewiseModel& h = m->history;
+  const auto& segs = h.segments();
+  const uint32_t lo = epoch < epoch_floor_.size() ? epoch_floor_[epoch] : 0;
+  const uint32_t hi = epoch + 1 < epoch_floor_.size() && epoch_floor_[epoch + 1] > 0
+                          ? epoch_floor_[epoch + 1] - 1
+                          : UINT32_MAX;
+  const auto t_of = [&](const ClockModel& k) { return static_cast<int64_t>(k.to_host(r.time)); };
+  const bool beyond = time_diff(m->covered_device, r.time) < 0;
+  if (segs.size() <= 1 || m->current.segment < lo) {
+    // One segment, or none of this epoch's yet: the device clock went back
+    // and no round has seen where to (forced: the newest, with no bound,
+    // for the model is known not to hold there).
+    const bool unseen_step = m->current.segment < lo;
+    if (unseen_step && !force) return false;
+    // Beyond the newest round (most records, when they are first seen: no
+    // claim to compute), or covered by a model looser than this device's
+    // good rounds make it (fitted while the first rounds were loose): wait
+    // for a round that covers or tightens it.
+    if (!force && beyond) return false;
+    const double claim = m->current.claim_at(r.time);
+    if (!force && claim > m->tight_ns) return false;
+    out->time_ns = t_of(m->current);
+    // Forced past the newest round, no round saw the time: a step there
+    // would be unseen, so there is no bound to claim.
+    out->claim_ns = unseen_step || beyond ? kClaimUnbounded : stored_claim(claim);
+    out->conv = force ? TraceConversion::kForced : TraceConversion::kModel;
+    return true;
+  }
+  // A stream's times run forward: not before its previous record (less a
+  // microsecond of model noise).
+  const int64_t not_before = sc.last_host != INT64_MIN ? sc.last_host - 1000 : INT64_MIN;
+  struct Cand {
+    int64_t t;
+    double claim;
+    int cls;  // 2: in order and not after the read, 1: not after the read, 0: neither
+    size_t seg;  // index in segs
+  };
+  std::array<Cand, 8> cand{};
+  size_t nc = 0;
+  int best_cls = -1;
+  const size_t first = segs.size() > cand.size() ? segs.size() - cand.size() : 0;
+  for (size_t i = first; i < segs.size(); ++i) {
+    const auto& sg = segs[i];
+    if (sg.knots.empty() || sg.id < lo || sg.id > hi) continue;
+    const ClockModel k = h.model_at(r.time, sg.id);
+    const int64_t t = t_of(k);
+    // An older model's rate may be its prior's (a segment of one round):
+    // the current model's says how far off it is.
+    const double claim = k.claim_at(r.time, m->current);
+    const double tol = claim + 1000;
+    const uint64_t from = i > 0 ? segs[i - 1].last_host : 0;
+    const uint64_t until = i + 1 < segs.size() ? segs[i + 1].first_host : 0;
+    if (from && static_cast<double>(t) < static_cast<double>(from) - tol) continue;
+    if (until && static_cast<double>(t) > static_cast<double>(until) + tol) continue;
+    const bool unread = rs.read_ns == INT64_MAX || t <= rs.read_ns + 20'000;
+    const int cls = unread ? (t >= not_before ? 2 : 1) : 0;
+    cand[nc++] = {t, claim, cls, i};
+    best_cls = std::max(best_cls, cls);
+  }
+  if (nc == 0) {
+    // No segment places it (a history cut short, say): the newest, forced.
+    if (!force) return false;
+    out->time_ns = t_of(h.model_at(r.time));
+    out->claim_ns = kClaimUnbounded;
+    out->conv = TraceConversion::kForced;
+    return true;
+  }
+  const Cand* chosen = nullptr;
+  for (size_t i = nc; i-- > 0;)
+    if (cand[i].cls == best_cls) {
+      chosen = &cand[i];
+      break;
+    }
+  // The newest of the best is the current segment's: only once a round
+  // after the time is in (interpolation), and the model tight there.
+  const bool current = chosen->seg + 1 == segs.size() && segs.back().id == m->current.segment;
+  if (current && !force && (beyond || chosen->claim > m->tight_ns)) return false;
+  double claim = chosen->claim;
+  for (size_t i = 0; i < nc; ++i)
+    if (cand[i].cls == best_cls)
+      claim = std::max(claim, cand[i].claim +
+                                  std::fabs(static_cast<double>(cand[i].t - chosen->t)));
+  out->time_ns = chosen->t;
+  // Forced past the newest round: no bound (above).
+  out->claim_ns = current && beyond ? kClaimUnbounded : stored_claim(claim);
+  out->conv = force ? TraceConversion::kForced : TraceConversion::kModel;
+  return true;
+}
+
+// A time mode B's device converted (PERFQ_CLOCK_HOST_BY_DEVICE): the
+// device converts only where its model (the host's, from the same
+// rounds) claims at most its tight bound, and stops while a round
+// contradicts the model (DeviceClockSync::convert_record()); but it
+// cannot see a clock step before a round after it does.  So the host
+// takes such a time once one of its own rounds after it is in: if the
+// model's segment is still the one of when the record was read, and no
+// round contradicted it then, the device's bound holds; otherwise the
+// device may have converted it across a step, and the time is kept
+// without a bound (unsynchronized).  One forced before such a round came
+// has no bound either.
+bool OnlineConverter::confirm_device_time(const perfq_record& r, const ConversionModel* m,
+                                          bool force, const Held::Read& rs,
+                                          TraceRecord* out) const {
+  out->time_ns = static_cast<int64_t>(r.time);
+  const bool covered = m && time_diff(r.time, static_cast<uint64_t>(m->covered_host)) <= 0;
+  if (!force && !covered) return false;
+  // Forced (no round after it came: the device stopped, or rounds stopped
+  // being taken): unconfirmed, as the daemon's own forced conversions past
+  // the newest round are, so without a bound.
+  out->conv = covered ? TraceConversion::kDevice : TraceConversion::kForced;
+  const bool same = covered && !rs.contradicted && rs.segment == m->current.segment;
+  out->claim_ns = same ? stored_claim(m->tight_ns) : kClaimUnbounded;
+  return true;
+}
+
+
+}  // namespace perfq

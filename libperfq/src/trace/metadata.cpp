@@ -1,0 +1,289 @@
+// TraceMetadata of a trace and its JSON form (the payload of metadata chunks).
+#include <sys/utsname.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "sync/sync.h"
+#include "perfq/trace.h"
+
+#ifndef PERFQ_VERSION_STRING
+#define PERFQ_VERSION_STRING "0.1.0"
+#endif
+
+namespace perfq {
+
+using nlohmann::json;
+
+const EventInfo* TraceSource::find_event(uint32_t ev) const {
+  for (const auto& e : events) {
+    if (e.event == ev) return &e;
+  }
+  return nullptr;
+}
+
+const TraceSource* TraceMetadata::find_source(uint16_t sid) const {
+  for (const auto& s : sources) {
+    if (s.id == sid) return &s;
+  }
+  return nullptr;
+}
+
+void TraceMetadata::describe_this_host() {
+  char host[256] = {};
+  if (gethostname(host, sizeof host - 1) == 0) host_name = host;
+  struct utsname u;
+  if (uname(&u) == 0) kernel = std::string(u.sysname) + " " + u.release + " " + u.machine;
+  std::ifstream cpuinfo("/proc/cpuinfo");
+  std::string line;
+  while (std::getline(cpuinfo, line)) {
+    if (line.rfind("model name", 0) == 0) {
+      auto colon = line.find(':');
+      if (colon != std::string::npos) cpu = line.substr(line.find_first_not_of(' ', colon + 1));
+      break;
+    }
+  }
+  perfq_version = PERFQ_VERSION_STRING;
+  clock_domains = {
+      {PERFQ_CLOCK_HOST, "host", "host CLOCK_MONOTONIC, ns"},
+      {PERFQ_CLOCK_DEVICE, "device", "device system clock D"},
+      {PERFQ_CLOCK_DEVICE_TIMER, "device_timer", "device timer register R"},
+      {PERFQ_CLOCK_HOST_BY_DEVICE, "host_by_device", "host time computed on the device (mode B)"},
+  };
+}
+
+void TraceMetadata::merge(const TraceMetadata& later) {
+  if (!later.host_name.empty()) host_name = later.host_name;
+  if (!later.kernel.empty()) kernel = later.kernel;
+  if (!later.cpu.empty()) cpu = later.cpu;
+  if (!later.perfq_version.empty()) perfq_version = later.perfq_version;
+  for (const auto& [k, v] : later.options) options[k] = v;
+  for (const auto& s : later.sources) {
+    bool replaced = false;
+    for (auto& mine : sources) {
+      if (mine.id == s.id) {
+        mine = s;
+        replaced = true;
+      }
+    }
+    if (!replaced) sources.push_back(s);
+  }
+  for (const auto& d : later.clock_domains) {
+    bool replaced = false;
+    for (auto& mine : clock_domains) {
+      if (mine.id == d.id) {
+        mine = d;
+        replaced = true;
+      }
+    }
+    if (!replaced) clock_domains.push_back(d);
+  }
+}
+
+std::string trace_metadata_to_json(const TraceMetadata& m) {
+  json j;
+  j["host_name"] = m.host_name;
+  j["kernel"] = m.kernel;
+  j["cpu"] = m.cpu;
+  j["perfq_version"] = m.perfq_version;
+  j["options"] = m.options;
+  json sources = json::array();
+  for (const auto& s : m.sources) {
+    json js;
+    js["id"] = s.id;
+    js["kind"] = trace_source_kind_name(s.kind);
+    js["name"] = s.name;
+    js["pid"] = s.pid;
+    js["pci_address"] = s.pci_address;
+    js["link"] = s.link;
+    js["clock_hz"] = s.clock_hz;
+    js["timer_hz"] = s.timer_hz;
+    // Added after version 1's first release: readers that do not know it
+    // ignore it, and its absence means "no PCI facts".
+    if (s.pci) js["pci"] = pci_device_to_json(*s.pci);
+    json events = json::array();
+    for (const auto& e : s.events) events.push_back({{"event", e.event}, {"kind", e.kind}, {"name", e.name}});
+    js["events"] = std::move(events);
+    // Added with kernel events; absent in older traces.
+    if (!s.threads.empty()) {
+      json threads = json::array();
+      for (const auto& t : s.threads)
+        threads.push_back({{"stream", t.stream}, {"tid", t.tid}, {"name", t.name}});
+      js["threads"] = std::move(threads);
+    }
+    sources.push_back(std::move(js));
+  }
+  j["sources"] = std::move(sources);
+  json domains = json::array();
+  for (const auto& d : m.clock_domains) {
+    domains.push_back({{"id", d.id}, {"name", d.name}, {"description", d.description}});
+  }
+  j["clock_domains"] = std::move(domains);
+  // Replace invalid UTF-8 rather than throw: names come from devices.
+  return j.dump(-1, ' ', false, json::error_handler_t::replace);
+}
+
+Result<TraceMetadata> trace_metadata_from_json(const std::string& text) {
+  json j = json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded() || !j.is_object()) {
+    return Status(Errc::kCorrupt, "metadata is not a JSON object");
+  }
+  try {
+    TraceMetadata m;
+    m.host_name = j.value("host_name", "");
+    m.kernel = j.value("kernel", "");
+    m.cpu = j.value("cpu", "");
+    m.perfq_version = j.value("perfq_version", "");
+    if (j.contains("options")) m.options = j.at("options").get<std::map<std::string, std::string>>();
+    if (j.contains("sources")) {
+      for (const auto& js : j.at("sources")) {
+        TraceSource s;
+        s.id = js.at("id").get<uint16_t>();
+        const std::string kind = js.value("kind", "host");
+        s.kind = kind == "device"   ? TraceSourceKind::kDevice
+                 : kind == "kernel" ? TraceSourceKind::kKernel
+                                    : TraceSourceKind::kHost;
+        s.name = js.value("name", "");
+        s.pid = js.value("pid", 0u);
+        s.pci_address = js.value("pci_address", "");
+        s.link = js.value("link", "");
+        s.clock_hz = js.value("clock_hz", uint64_t{0});
+        s.timer_hz = js.value("timer_hz", uint64_t{0});
+        if (js.contains("pci") && !js["pci"].is_null()) {
+          auto pci = pci_device_from_json(js["pci"]);
+          if (!pci) return Status(Errc::kCorrupt, "metadata: source " + std::to_string(s.id) + ": " +
+                                                      pci.status().message());
+          s.pci = std::move(pci.value());
+        }
+        if (js.contains("events")) {
+          for (const auto& je : js.at("events")) {
+            s.events.push_back({je.at("event").get<uint32_t>(), je.at("kind").get<uint16_t>(),
+                                je.at("name").get<std::string>()});
+          }
+        }
+        if (js.contains("threads")) {
+          for (const auto& jt : js.at("threads"))
+            s.threads.push_back({jt.at("stream").get<uint16_t>(), jt.at("tid").get<uint32_t>(),
+                                 jt.value("name", "")});
+        }
+        m.sources.push_back(std::move(s));
+      }
+    }
+    if (j.contains("clock_domains")) {
+      for (const auto& jd : j.at("clock_domains")) {
+        m.clock_domains.push_back({jd.at("id").get<uint16_t>(), jd.value("name", ""),
+                                   jd.value("description", "")});
+      }
+    }
+    return m;
+  } catch (const json::exception& e) {
+    return Status(Errc::kCorrupt, std::string("metadata: ") + e.what());
+  }
+}
+
+const char* trace_source_kind_name(TraceSourceKind k) {
+  switch (k) {
+    case TraceSourceKind::kHost: return "host";
+    case TraceSourceKind::kDevice: return "device";
+    case TraceSourceKind::kKernel: return "kernel";
+  }
+  return "host";
+}
+
+const char* record_kind_name(uint16_t kind) {
+  switch (kind) {
+    case PERFQ_KIND_BEGIN: return "begin";
+    case PERFQ_KIND_END: return "end";
+    case PERFQ_KIND_INSTANT: return "instant";
+    case PERFQ_KIND_COUNTER: return "counter";
+    case PERFQ_KIND_LOST: return "lost";
+    default: return "invalid";
+  }
+}
+
+const char* chunk_type_name(uint16_t type) {
+  switch (static_cast<ChunkType>(type)) {
+    case ChunkType::kMetadata: return "metadata";
+    case ChunkType::kRecords: return "records";
+    case ChunkType::kSyncSamples: return "sync samples";
+    case ChunkType::kClockModels: return "clock models";
+    case ChunkType::kLoss: return "loss";
+    case ChunkType::kEnd: return "end";
+  }
+  return "unknown";
+}
+
+bool operator==(const TraceRecord& a, const TraceRecord& b) {
+  return a.source == b.source && a.time_ns == b.time_ns && a.rec.index == b.rec.index &&
+         a.rec.event == b.rec.event && a.rec.stream == b.rec.stream &&
+         a.rec.flags == b.rec.flags && a.rec.time == b.rec.time && a.rec.arg == b.rec.arg &&
+         a.claim_ns == b.claim_ns && a.conv == b.conv;
+}
+
+const char* trace_conversion_name(TraceConversion c) {
+  switch (c) {
+    case TraceConversion::kNone: return "none";
+    case TraceConversion::kModel: return "daemon";
+    case TraceConversion::kDevice: return "device";
+    case TraceConversion::kForced: return "forced";
+  }
+  return "unknown";
+}
+
+uint32_t stored_claim(double claim_ns) {
+  if (!(claim_ns >= 0) || claim_ns >= static_cast<double>(kClaimUnbounded)) return kClaimUnbounded;
+  return static_cast<uint32_t>(std::ceil(claim_ns));
+}
+
+bool operator==(const TraceSyncSample& a, const TraceSyncSample& b) {
+  return a.source == b.source && a.round == b.round && a.host.before == b.host.before &&
+         a.host.value == b.host.value && a.host.after == b.host.after &&
+         a.device.before == b.device.before && a.device.value == b.device.value &&
+         a.device.after == b.device.after && a.absent == b.absent;
+}
+
+std::vector<TraceSyncSample> trace_samples_of(uint16_t source, const SyncRound& r) {
+  std::vector<TraceSyncSample> out;
+  const size_t n = std::max(r.host.size(), r.device.size());
+  out.reserve(n);
+  for (size_t i = 0; i < n; ++i) {
+    TraceSyncSample s;
+    s.source = source;
+    s.round = r.round;
+    if (i < r.host.size())
+      s.host = r.host[i];
+    else
+      s.absent |= TraceSyncSample::kNoHost;
+    if (i < r.device.size())
+      s.device = r.device[i];
+    else
+      s.absent |= TraceSyncSample::kNoDevice;
+    out.push_back(s);
+  }
+  return out;
+}
+
+std::vector<SyncRound> sync_rounds_of(std::span<const TraceSyncSample> samples) {
+  std::vector<SyncRound> rounds;
+  for (const auto& x : samples) {
+    if (rounds.empty() || rounds.back().round != x.round) rounds.push_back(SyncRound{x.round, {}, {}});
+    if (x.has_host()) rounds.back().host.push_back(x.host);
+    if (x.has_device()) rounds.back().device.push_back(x.device);
+  }
+  return rounds;
+}
+
+bool operator==(const TraceClockModel& a, const TraceClockModel& b) {
+  return a.source == b.source && a.installed_ns == b.installed_ns &&
+         a.model.device_ref == b.model.device_ref && a.model.host_ref_ns == b.model.host_ref_ns &&
+         a.model.rate_ppb == b.model.rate_ppb &&
+         a.model.uncertainty_ns == b.model.uncertainty_ns &&
+         a.model.valid_from_device == b.model.valid_from_device &&
+         a.model.segment == b.model.segment && a.model.flags == b.model.flags;
+}
+
+}  // namespace perfq

@@ -1,0 +1,239 @@
+// TraceReader: validate the file header, then each chunk before using it.
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <zstd.h>
+
+#include <cerrno>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "trace/crc32c.h"
+#include "perfq/trace.h"
+#include "trace/codec.h"
+
+namespace perfq {
+
+using namespace trace_codec;
+
+struct TraceReader::Impl {
+  std::string path;
+  int fd = -1;
+  uint32_t version = 0;
+  uint64_t file_size = 0;
+  TraceReadSummary summary;
+  uint64_t error_offset = 0;
+  std::vector<uint8_t> stored;
+  std::vector<uint8_t> raw;
+  std::vector<TraceRecord> records;
+  std::vector<TraceSyncSample> samples;
+  std::vector<TraceClockModel> models;
+  std::vector<TraceLoss> losses;
+  TraceMetadata metadata;
+  ZSTD_DCtx* dctx = nullptr;
+
+  ~Impl() {
+    if (fd >= 0) ::close(fd);
+    if (dctx) ZSTD_freeDCtx(dctx);
+  }
+
+  // Reads up to n bytes at offset; returns bytes read or -1 (errno set).
+  ssize_t read_at(uint64_t off, uint8_t* p, size_t n) {
+    size_t got = 0;
+    while (got < n) {
+      ssize_t r = ::pread(fd, p + got, n - got, static_cast<off_t>(off + got));
+      if (r < 0) {
+        if (errno == EINTR) continue;
+        return -1;
+      }
+      if (r == 0) break;
+      got += static_cast<size_t>(r);
+    }
+    return static_cast<ssize_t>(got);
+  }
+
+  Status corrupt(uint64_t off, uint64_t chunk_no, uint16_t type, const std::string& why) {
+    error_offset = off;
+    return Status(Errc::kCorrupt, fmt::format("{}: byte offset {}: chunk {} ({}): {}", path, off,
+                                              chunk_no, chunk_type_name(type), why));
+  }
+
+  Status read(TraceVisitor& v);
+};
+
+TraceReader::TraceReader(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+TraceReader::TraceReader(TraceReader&&) noexcept = default;
+TraceReader& TraceReader::operator=(TraceReader&&) noexcept = default;
+TraceReader::~TraceReader() = default;
+
+Result<TraceReader> TraceReader::open(const std::string& path) {
+  auto impl = std::make_unique<Impl>();
+  impl->path = path;
+  impl->fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (impl->fd < 0) return Status::from_errno(path + ": open");
+  uint8_t h[kTraceFileHeaderSize];
+  ssize_t n = impl->read_at(0, h, sizeof h);
+  if (n < 0) return Status::from_errno(path + ": read file header");
+  if (static_cast<size_t>(n) < sizeof h) {
+    return Status(Errc::kCorrupt, fmt::format("{}: byte offset 0: file header torn ({} of {} bytes)",
+                                              path, n, sizeof h));
+  }
+  if (std::memcmp(h, kTraceMagic, 8) != 0) {
+    return Status(Errc::kCorrupt, fmt::format("{}: byte offset 0: not a perfq trace (bad magic)", path));
+  }
+  uint32_t crc = get<uint32_t>(h + 28);
+  if (crc != crc32c(h, 28)) {
+    return Status(Errc::kCorrupt,
+                  fmt::format("{}: byte offset 0: file header checksum mismatch (stored {:#010x}, "
+                              "computed {:#010x})", path, crc, crc32c(h, 28)));
+  }
+  impl->version = get<uint32_t>(h + 8);
+  if (impl->version != kTraceVersion) {
+    return Status(Errc::kCorrupt, fmt::format("{}: byte offset 8: trace version {} is not {}", path,
+                                              impl->version, kTraceVersion));
+  }
+  if (get<uint32_t>(h + 12) != kTraceFileHeaderSize) {
+    return Status(Errc::kCorrupt, fmt::format("{}: byte offset 12: header size {} is not {}", path,
+                                              get<uint32_t>(h + 12), kTraceFileHeaderSize));
+  }
+  return TraceReader(std::move(impl));
+}
+
+uint32_t TraceReader::version() const { return impl_->version; }
+const std::string& TraceReader::path() const { return impl_->path; }
+const TraceReadSummary& TraceReader::summary() const { return impl_->summary; }
+uint64_t TraceReader::error_offset() const { return impl_->error_offset; }
+Status TraceReader::read(TraceVisitor& visitor) { return impl_->read(visitor); }
+
+Status TraceReader::Impl::read(TraceVisitor& v) {
+  summary = {};
+  error_offset = 0;
+  metadata = {};
+  uint64_t off = kTraceFileHeaderSize;
+  uint64_t chunk_no = 0;
+  for (;; ++chunk_no) {
+    uint8_t h[kTraceChunkHeaderSize];
+    ssize_t n = read_at(off, h, sizeof h);
+    if (n < 0) return Status::from_errno(fmt::format("{}: read at byte offset {}", path, off));
+    if (n == 0) return Status::ok();  // ends at a chunk boundary
+    uint16_t type = get<uint16_t>(h + 4);
+    if (static_cast<size_t>(n) < sizeof h) {
+      return corrupt(off, chunk_no, 0, fmt::format("torn chunk header ({} of {} bytes)", n, sizeof h));
+    }
+    if (get<uint32_t>(h + 0) != kTraceChunkMagic) {
+      return corrupt(off, chunk_no, 0, fmt::format("bad chunk magic {:#010x}", get<uint32_t>(h)));
+    }
+    uint16_t flags = get<uint16_t>(h + 6);
+    uint32_t stored_len = get<uint32_t>(h + 8);
+    uint32_t raw_len = get<uint32_t>(h + 12);
+    uint32_t count = get<uint32_t>(h + 16);
+    uint32_t crc = get<uint32_t>(h + 20);
+    // Check the header's own fields before trusting any length in it.
+    if (stored_len > kTraceMaxChunkBytes || raw_len > kTraceMaxChunkBytes) {
+      return corrupt(off, chunk_no, type,
+                     fmt::format("length {} / {} exceeds the {} byte limit", stored_len, raw_len,
+                                 kTraceMaxChunkBytes));
+    }
+    stored.resize(stored_len);
+    ssize_t got = read_at(off + kTraceChunkHeaderSize, stored.data(), stored_len);
+    if (got < 0) {
+      return Status::from_errno(fmt::format("{}: read at byte offset {}", path, off + kTraceChunkHeaderSize));
+    }
+    if (static_cast<uint32_t>(got) < stored_len) {
+      return corrupt(off, chunk_no, type,
+                     fmt::format("torn chunk: payload has {} of {} bytes", got, stored_len));
+    }
+    uint32_t computed = crc32c_extend(crc32c(h, 20), stored.data(), stored_len);
+    if (computed != crc) {
+      return corrupt(off, chunk_no, type,
+                     fmt::format("checksum mismatch (stored {:#010x}, computed {:#010x})", crc, computed));
+    }
+    if (flags & ~kChunkFlagZstd) {
+      return corrupt(off, chunk_no, type, fmt::format("unknown flags {:#06x}", flags));
+    }
+    const uint8_t* payload = stored.data();
+    if (flags & kChunkFlagZstd) {
+      if (!dctx) dctx = ZSTD_createDCtx();
+      raw.resize(raw_len);
+      size_t z = ZSTD_decompressDCtx(dctx, raw.data(), raw_len, stored.data(), stored_len);
+      if (ZSTD_isError(z)) {
+        return corrupt(off, chunk_no, type, std::string("zstd: ") + ZSTD_getErrorName(z));
+      }
+      if (z != raw_len) {
+        return corrupt(off, chunk_no, type,
+                       fmt::format("zstd payload decompressed to {} bytes, header says {}", z, raw_len));
+      }
+      payload = raw.data();
+    } else if (raw_len != stored_len) {
+      return corrupt(off, chunk_no, type,
+                     fmt::format("uncompressed chunk with stored length {} != raw length {}",
+                                 stored_len, raw_len));
+    }
+    auto check_count = [&](size_t item) -> Status {
+      if (static_cast<uint64_t>(count) * item != raw_len) {
+        return corrupt(off, chunk_no, type,
+                       fmt::format("{} items of {} bytes do not fill {} bytes", count, item, raw_len));
+      }
+      return Status::ok();
+    };
+    const uint64_t next = off + kTraceChunkHeaderSize + stored_len;
+    Status s;
+    switch (static_cast<ChunkType>(type)) {
+      case ChunkType::kMetadata: {
+        auto m = trace_metadata_from_json(std::string(reinterpret_cast<const char*>(payload), raw_len));
+        if (!m.is_ok()) return corrupt(off, chunk_no, type, m.status().message());
+        metadata.merge(m.value());
+        s = v.on_metadata(metadata);
+        break;
+      }
+      case ChunkType::kRecords: {
+        if (Status c = check_count(kRecordSize); !c.is_ok()) return c;
+        records.resize(count);
+        for (uint32_t i = 0; i < count; ++i) decode(payload + size_t{i} * kRecordSize, records[i]);
+        summary.records += count;
+        s = v.on_records(records);
+        break;
+      }
+      case ChunkType::kSyncSamples: {
+        if (Status c = check_count(kSyncSampleSize); !c.is_ok()) return c;
+        samples.resize(count);
+        for (uint32_t i = 0; i < count; ++i) decode(payload + size_t{i} * kSyncSampleSize, samples[i]);
+        s = v.on_sync_samples(samples);
+        break;
+      }
+      case ChunkType::kClockModels: {
+        if (Status c = check_count(kClockModelSize); !c.is_ok()) return c;
+        models.resize(count);
+        for (uint32_t i = 0; i < count; ++i) decode(payload + size_t{i} * kClockModelSize, models[i]);
+        s = v.on_clock_models(models);
+        break;
+      }
+      case ChunkType::kLoss: {
+        if (Status c = check_count(kLossSize); !c.is_ok()) return c;
+        losses.resize(count);
+        for (uint32_t i = 0; i < count; ++i) decode(payload + size_t{i} * kLossSize, losses[i]);
+        s = v.on_losses(losses);
+        break;
+      }
+      case ChunkType::kEnd: {
+        if (count != 1 || raw_len != kEndSize) {
+          return corrupt(off, chunk_no, type, fmt::format("end chunk of {} bytes", raw_len));
+        }
+        TraceEnd e{get<uint64_t>(payload), get<uint64_t>(payload + 8)};
+        summary.clean_end = true;
+        s = v.on_end(e);
+        break;
+      }
+      default:
+        ++summary.unknown_chunks;  // a newer writer's chunk: checksummed, skipped
+        break;
+    }
+    summary.chunks = chunk_no + 1;
+    summary.bytes = next;
+    if (!s.is_ok()) return s;
+    off = next;
+  }
+}
+
+}  // namespace perfq
