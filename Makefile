@@ -16,6 +16,7 @@
 #   make install-dkms  perfq.ko through DKMS for every installed kernel
 #                   (make uninstall-dkms removes it)
 #   make deb      build the Debian packages perfq and perfq-dkms into build/deb/
+#   make format   format the C++ with .clang-format (ctest's `format` checks it)
 # Every target installs missing packages first, so a fresh Debian 12 machine
 # needs nothing but this Makefile.
 
@@ -28,12 +29,12 @@ JOBS        ?= $(shell nproc)
 PREFIX      ?= /usr/local
 DESTDIR     ?=
 
-.PHONY: all build deps asan tsan test qemu-test qemu-shell demo bench accuracy clean help install uninstall install-dkms uninstall-dkms deb
+.PHONY: all build deps asan tsan test qemu-test qemu-shell demo bench accuracy clean help install uninstall install-dkms uninstall-dkms deb format
 
 all: build
 
 help:
-	@sed -n '2,21p' Makefile | sed 's/^# \{0,1\}//'
+	@sed -n '2,22p' Makefile | sed 's/^# \{0,1\}//'
 
 deps:
 	@scripts/deps.sh
@@ -108,6 +109,9 @@ uninstall-dkms:
 
 deb: build
 	@scripts/make-deb.sh $(BUILD)
+
+format: deps
+	@scripts/format.sh
 
 clean:
 	rm -rf $(BUILD) $(BUILD_ASAN) $(BUILD_TSAN)

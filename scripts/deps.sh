@@ -31,6 +31,8 @@ PACKAGES=(
   # Host kernel events in perfq-daemon: a CO-RE BPF program (clang -target
   # bpf), its libbpf skeleton (bpftool) and libbpf.
   clang
+  # The C++ style (.clang-format; ctest's `format` checks the tree).
+  clang-format
   bpftool
   libbpf-dev
   # The driver and its QEMU scenarios: the guest kernel, its headers, the
