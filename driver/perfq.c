@@ -252,13 +252,89 @@ static long perfq_ioctl_info(struct perfq_dev *pd, void __user *argp)
 	return 0;
 }
 
+/* A request is valid as PERFQ_IOC_CLOCK_SAMPLES documents it; anything else is -EINVAL. */
+static bool perfq_clock_req_valid(struct perfq_dev *pd, const struct perfq_ioc_clock_samples *req)
+{
+	if (req->size != sizeof(*req) || req->n == 0 || req->n > PERFQ_SYNC_MAX_SAMPLES ||
+	    req->flags || req->reserved[0] || req->reserved[1] || req->reserved[2] ||
+	    req->reserved[3] || req->timeout_ns > PERFQ_IOC_TIMEOUT_MAX_NS) {
+		dev_dbg(&pd->dev, "PERFQ_IOC_CLOCK_SAMPLES: bad argument (size %u n %u flags %#x timeout %llu)\n",
+			req->size, req->n, req->flags, req->timeout_ns);
+		return false;
+	}
+	return true;
+}
+
+/*
+ * One bracketed sample.  Interrupts stay off for one read only.  A device
+ * that does not answer within timeout_ns is usually just not running right
+ * now (the software device shares the host's CPUs): let it run, with
+ * interrupts on, and try again until give_up.  A failed sample is zeroed.
+ */
+static int perfq_clock_sample(struct perfq_dev *pd, u64 timeout_ns, struct perfq_clock_sample *s)
+{
+	u64 give_up = ktime_get_ns() + timeout_ns + PERFQ_RETRY_EXTRA_NS;
+	unsigned long sleep_us = 100;
+	unsigned long irqflags;
+	int ret;
+
+	for (;;) {
+		preempt_disable();
+		local_irq_save(irqflags);
+		s->before = ktime_get_ns();
+		ret = perfq_timer_read(pd, timeout_ns, &s->value);
+		s->after = ktime_get_ns();
+		local_irq_restore(irqflags);
+		preempt_enable();
+		if (!ret || s->after >= give_up || fatal_signal_pending(current))
+			break;
+		usleep_range(sleep_us, sleep_us + sleep_us / 2);
+		sleep_us = min_t(unsigned long, sleep_us * 2, PERFQ_RETRY_SLEEP_MAX_US);
+	}
+	if (ret) {
+		s->before = 0;
+		s->after = 0;
+	}
+	return ret;
+}
+
+/*
+ * One round of req->n samples, with the device present and clock_lock held:
+ * opens the device's window for req->round (if any), samples until the first
+ * failure, and closes the window again.  req->count is the samples taken.
+ */
+static int perfq_clock_round(struct perfq_dev *pd, struct perfq_ioc_clock_samples *req,
+			     u64 timeout_ns)
+{
+	struct perfq_timer_page *t = perfq_section_ptr(pd, PERFQ_SECTION_TIMER);
+	int ret = 0;
+	u32 i;
+
+	if (req->round) {
+		/* Pairs with the device's acquire-load of window. */
+		smp_store_release(&t->window, req->round);
+		if (pd->hdr.features & PERFQ_FEAT_TIMER_REQRESP)
+			ret = perfq_timer_warmup(pd, timeout_ns);
+	}
+	for (i = 0; !ret && i < req->n; i++) {
+		ret = perfq_clock_sample(pd, timeout_ns, &req->samples[i]);
+		if (ret)
+			break;
+		req->count = i + 1;
+		cond_resched();
+	}
+	if (req->round)
+		smp_store_release(&t->window, 0u);
+	if (ret == -ETIMEDOUT)
+		dev_dbg(&pd->dev, "timer read timed out after %llu ns (%u of %u samples); is the device running?\n",
+			timeout_ns, req->count, req->n);
+	return ret;
+}
+
 static long perfq_ioctl_clock_samples(struct perfq_dev *pd, void __user *argp)
 {
 	struct perfq_ioc_clock_samples *req;
-	struct perfq_timer_page *t;
-	unsigned long irqflags;
 	u64 timeout_ns;
-	u32 i;
 	int ret = 0;
 
 	req = kzalloc(sizeof(*req), GFP_KERNEL);
@@ -268,11 +344,7 @@ static long perfq_ioctl_clock_samples(struct perfq_dev *pd, void __user *argp)
 		ret = -EFAULT;
 		goto out_free;
 	}
-	if (req->size != sizeof(*req) || req->n == 0 || req->n > PERFQ_SYNC_MAX_SAMPLES ||
-	    req->flags || req->reserved[0] || req->reserved[1] || req->reserved[2] ||
-	    req->reserved[3] || req->timeout_ns > PERFQ_IOC_TIMEOUT_MAX_NS) {
-		dev_dbg(&pd->dev, "PERFQ_IOC_CLOCK_SAMPLES: bad argument (size %u n %u flags %#x timeout %llu)\n",
-			req->size, req->n, req->flags, req->timeout_ns);
+	if (!perfq_clock_req_valid(pd, req)) {
 		ret = -EINVAL;
 		goto out_free;
 	}
@@ -286,59 +358,10 @@ static long perfq_ioctl_clock_samples(struct perfq_dev *pd, void __user *argp)
 		goto out_free;
 	}
 	down_read(&pd->lock);
-	if (pd->gone) {
+	if (pd->gone)
 		ret = -ENODEV;
-		goto out_unlock;
-	}
-	t = perfq_section_ptr(pd, PERFQ_SECTION_TIMER);
-	if (req->round) {
-		/* Pairs with the device's acquire-load of window. */
-		smp_store_release(&t->window, req->round);
-		if (pd->hdr.features & PERFQ_FEAT_TIMER_REQRESP) {
-			ret = perfq_timer_warmup(pd, timeout_ns);
-			if (ret)
-				goto out_close;
-		}
-	}
-	for (i = 0; i < req->n; i++) {
-		struct perfq_clock_sample *s = &req->samples[i];
-		u64 give_up = ktime_get_ns() + timeout_ns + PERFQ_RETRY_EXTRA_NS;
-		unsigned long sleep_us = 100;
-
-		/*
-		 * Interrupts stay off for one read only.  A device that does not
-		 * answer within timeout_ns is usually just not running right now
-		 * (the software device shares the host's CPUs): let it run, with
-		 * interrupts on, and try again until give_up.
-		 */
-		for (;;) {
-			preempt_disable();
-			local_irq_save(irqflags);
-			s->before = ktime_get_ns();
-			ret = perfq_timer_read(pd, timeout_ns, &s->value);
-			s->after = ktime_get_ns();
-			local_irq_restore(irqflags);
-			preempt_enable();
-			if (!ret || s->after >= give_up || fatal_signal_pending(current))
-				break;
-			usleep_range(sleep_us, sleep_us + sleep_us / 2);
-			sleep_us = min_t(unsigned long, sleep_us * 2, PERFQ_RETRY_SLEEP_MAX_US);
-		}
-		if (ret) {
-			s->before = 0;
-			s->after = 0;
-			break;
-		}
-		req->count = i + 1;
-		cond_resched();
-	}
-out_close:
-	if (req->round)
-		smp_store_release(&t->window, 0u);
-	if (ret == -ETIMEDOUT)
-		dev_dbg(&pd->dev, "timer read timed out after %llu ns (%u of %u samples); is the device running?\n",
-			timeout_ns, req->count, req->n);
-out_unlock:
+	else
+		ret = perfq_clock_round(pd, req, timeout_ns);
 	up_read(&pd->lock);
 	mutex_unlock(&pd->clock_lock);
 	if (ret != -ENODEV && copy_to_user(argp, req, sizeof(*req)))
@@ -611,23 +634,12 @@ static void perfq_read_link(struct perfq_dev *pd)
 	pd->link_of_port = d != pd->pdev;
 }
 
-static int perfq_probe(struct pci_dev *pdev, const struct pci_device_id *id)
+/* Enables the device and maps the region's BAR; every step is managed. */
+static int perfq_map_bar(struct pci_dev *pdev, void **base)
 {
-	struct perfq_region_header hdr;
-	struct perfq_dev *pd;
 	resource_size_t start, len;
-	void *base;
 	int ret;
 
-	BUILD_BUG_ON(sizeof(struct perfq_region_header) != 384);
-	BUILD_BUG_ON(sizeof(struct perfq_ioc_info) != 376);
-	BUILD_BUG_ON(sizeof(struct perfq_ioc_clock_samples) != 64 + PERFQ_SYNC_MAX_SAMPLES * 32);
-	BUILD_BUG_ON(PAGE_SIZE % PERFQ_PAGE_SIZE);
-
-	if (perfq_bar < 0 || perfq_bar >= PCI_STD_NUM_BARS) {
-		dev_err(&pdev->dev, "module parameter bar=%d is not a BAR number\n", perfq_bar);
-		return -EINVAL;
-	}
 	ret = pcim_enable_device(pdev);
 	if (ret) {
 		dev_err(&pdev->dev, "cannot enable the device: %d\n", ret);
@@ -646,44 +658,64 @@ static int perfq_probe(struct pci_dev *pdev, const struct pci_device_id *id)
 		dev_err(&pdev->dev, "BAR %d is busy: %d\n", perfq_bar, ret);
 		return ret;
 	}
-	base = devm_memremap(&pdev->dev, start, len, MEMREMAP_WB);
-	if (IS_ERR(base)) {
-		dev_err(&pdev->dev, "cannot map BAR %d: %ld\n", perfq_bar, PTR_ERR(base));
-		return PTR_ERR(base);
+	*base = devm_memremap(&pdev->dev, start, len, MEMREMAP_WB);
+	if (IS_ERR(*base)) {
+		dev_err(&pdev->dev, "cannot map BAR %d: %ld\n", perfq_bar, PTR_ERR(*base));
+		return PTR_ERR(*base);
 	}
+	return 0;
+}
 
+/* A private copy of the region header at base, magic first. */
+static void perfq_read_header(const void *base, struct perfq_region_header *hdr)
+{
 	/* Pairs with the device's store-release of the magic (written last). */
-	hdr.magic = smp_load_acquire((u64 *)base);
-	memcpy((u8 *)&hdr + sizeof(hdr.magic), (u8 *)base + sizeof(hdr.magic),
-	       sizeof(hdr) - sizeof(hdr.magic));
-	ret = perfq_validate_header(&pdev->dev, &hdr, len);
-	if (ret)
-		return ret;
+	hdr->magic = smp_load_acquire((const u64 *)base);
+	memcpy((u8 *)hdr + sizeof(hdr->magic), (const u8 *)base + sizeof(hdr->magic),
+	       sizeof(*hdr) - sizeof(hdr->magic));
+}
+
+/* A perfq_dev for the mapped, validated BAR, with its minor; not yet visible. */
+static struct perfq_dev *perfq_alloc_dev(struct pci_dev *pdev, void *base,
+					 const struct perfq_region_header *hdr)
+{
+	struct perfq_dev *pd;
+	int ret;
 
 	pd = kzalloc(sizeof(*pd), GFP_KERNEL);
 	if (!pd)
-		return -ENOMEM;
+		return ERR_PTR(-ENOMEM);
 	ret = ida_alloc_max(&perfq_ida, PERFQ_MAX_DEVICES - 1, GFP_KERNEL);
 	if (ret < 0) {
 		dev_err(&pdev->dev, "no free perfq minor: %d\n", ret);
 		kfree(pd);
-		return ret;
+		return ERR_PTR(ret);
 	}
 	pd->minor = ret;
 	pd->pdev = pdev;
 	pd->base = base;
-	pd->bar_start = start;
-	pd->bar_len = len;
-	pd->hdr = hdr;
+	pd->bar_start = pci_resource_start(pdev, perfq_bar);
+	pd->bar_len = pci_resource_len(pdev, perfq_bar);
+	pd->hdr = *hdr;
 	init_rwsem(&pd->lock);
 	mutex_init(&pd->clock_lock);
 	mutex_init(&pd->open_lock);
 	perfq_read_link(pd);
+	return pd;
+}
 
-	/* From here on pd belongs to pd->dev: put_device frees it. */
+/*
+ * Hands pd to its struct device and adds /dev/perfqN and its sysfs
+ * attributes.  From here on put_device frees pd, on failure too.
+ */
+static int perfq_add_dev(struct perfq_dev *pd)
+{
+	struct device *parent = &pd->pdev->dev;
+	int ret;
+
 	device_initialize(&pd->dev);
 	pd->dev.class = perfq_class;
-	pd->dev.parent = &pdev->dev;
+	pd->dev.parent = parent;
 	pd->dev.devt = MKDEV(MAJOR(perfq_devt), pd->minor);
 	pd->dev.groups = perfq_groups;
 	pd->dev.release = perfq_dev_release;
@@ -694,18 +726,51 @@ static int perfq_probe(struct pci_dev *pdev, const struct pci_device_id *id)
 	pd->cdev.owner = THIS_MODULE;
 	ret = cdev_device_add(&pd->cdev, &pd->dev);
 	if (ret) {
-		dev_err(&pdev->dev, "cannot add /dev/%s: %d\n", dev_name(&pd->dev), ret);
+		dev_err(parent, "cannot add /dev/%s: %d\n", dev_name(&pd->dev), ret);
 		goto err_put;
 	}
-	pci_set_drvdata(pdev, pd);
-	dev_info(&pdev->dev, "%s: device '%s', region %llu bytes in BAR %d (%llu bytes), ring %llu records, abi %u\n",
-		 dev_name(&pd->dev), (const char *)hdr.device_name, hdr.region_size, perfq_bar,
-		 (u64)len, hdr.ring_capacity, hdr.abi_version);
 	return 0;
 
 err_put:
 	put_device(&pd->dev);
 	return ret;
+}
+
+static int perfq_probe(struct pci_dev *pdev, const struct pci_device_id *id)
+{
+	struct perfq_region_header hdr;
+	struct perfq_dev *pd;
+	void *base;
+	int ret;
+
+	BUILD_BUG_ON(sizeof(struct perfq_region_header) != 384);
+	BUILD_BUG_ON(sizeof(struct perfq_ioc_info) != 376);
+	BUILD_BUG_ON(sizeof(struct perfq_ioc_clock_samples) != 64 + PERFQ_SYNC_MAX_SAMPLES * 32);
+	BUILD_BUG_ON(PAGE_SIZE % PERFQ_PAGE_SIZE);
+
+	if (perfq_bar < 0 || perfq_bar >= PCI_STD_NUM_BARS) {
+		dev_err(&pdev->dev, "module parameter bar=%d is not a BAR number\n", perfq_bar);
+		return -EINVAL;
+	}
+	ret = perfq_map_bar(pdev, &base);
+	if (ret)
+		return ret;
+	perfq_read_header(base, &hdr);
+	ret = perfq_validate_header(&pdev->dev, &hdr, pci_resource_len(pdev, perfq_bar));
+	if (ret)
+		return ret;
+
+	pd = perfq_alloc_dev(pdev, base, &hdr);
+	if (IS_ERR(pd))
+		return PTR_ERR(pd);
+	ret = perfq_add_dev(pd);
+	if (ret)
+		return ret;
+	pci_set_drvdata(pdev, pd);
+	dev_info(&pdev->dev, "%s: device '%s', region %llu bytes in BAR %d (%llu bytes), ring %llu records, abi %u\n",
+		 dev_name(&pd->dev), (const char *)hdr.device_name, hdr.region_size, perfq_bar,
+		 pd->bar_len, hdr.ring_capacity, hdr.abi_version);
+	return 0;
 }
 
 static void perfq_remove(struct pci_dev *pdev)
