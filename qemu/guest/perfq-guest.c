@@ -160,30 +160,34 @@ static void on_sigbus(int sig)
 	siglongjmp(sigbus_jmp, 1);
 }
 
-static int cmd_badinput(const char *dev)
+/* Sets the page at ro_page to content (zero-padded) and leaves it read-only. */
+static void fill_ro_page(void *ro_page, long page, const void *content, size_t len)
 {
-	static struct perfq_ioc_clock_samples req;
-	struct perfq_ioc_info info;
-	long page = sysconf(_SC_PAGESIZE);
-	struct perfq_section sec[PERFQ_SECTION_COUNT];
-	uint64_t region;
-	void *ro_page, *p;
-	int fd = open_dev(dev);
+	mprotect(ro_page, page, PROT_READ | PROT_WRITE);
+	memset(ro_page, 0, page);
+	memcpy(ro_page, content, len);
+	mprotect(ro_page, page, PROT_READ);
+}
 
-	check(get_info(fd, &info) == 0 && info.version == PERFQ_IOC_VERSION, "INFO with a good argument",
-	      0, errno);
-	region = info.region_size;
-	memcpy(sec, info.sections, sizeof(sec));
-
-	/* ioctl numbers and sizes */
-	EXPECT_ERR(ioctl(fd, _IOWR(PERFQ_IOC_TYPE, 0x7f, struct perfq_ioc_info), &info), ENOTTY,
+/* Unknown ioctl numbers and types, wrong encoded sizes and directions. */
+static void badinput_ioctl_numbers(int fd, struct perfq_ioc_info *info)
+{
+	EXPECT_ERR(ioctl(fd, _IOWR(PERFQ_IOC_TYPE, 0x7f, struct perfq_ioc_info), info), ENOTTY,
 		   "unknown ioctl number is ENOTTY");
-	EXPECT_ERR(ioctl(fd, _IOWR('x', 0, struct perfq_ioc_info), &info), ENOTTY,
+	EXPECT_ERR(ioctl(fd, _IOWR('x', 0, struct perfq_ioc_info), info), ENOTTY,
 		   "foreign ioctl type is ENOTTY");
-	EXPECT_ERR(ioctl(fd, _IOC(_IOC_READ | _IOC_WRITE, PERFQ_IOC_TYPE, 0, 100), &info), EINVAL,
+	EXPECT_ERR(ioctl(fd, _IOC(_IOC_READ | _IOC_WRITE, PERFQ_IOC_TYPE, 0, 100), info), EINVAL,
 		   "INFO with a wrong encoded size is EINVAL");
-	EXPECT_ERR(ioctl(fd, _IOR(PERFQ_IOC_TYPE, 0, struct perfq_ioc_info), &info), EINVAL,
+	EXPECT_ERR(ioctl(fd, _IOR(PERFQ_IOC_TYPE, 0, struct perfq_ioc_info), info), EINVAL,
 		   "INFO with a wrong direction is EINVAL");
+}
+
+/* PERFQ_IOC_INFO with a wrong size word and with pointers it cannot use. */
+static void badinput_info(int fd, void *ro_page, long page)
+{
+	struct perfq_ioc_info info;
+	void *p;
+
 	memset(&info, 0, sizeof(info));
 	info.size = sizeof(info) - 8;
 	EXPECT_ERR(ioctl(fd, PERFQ_IOC_INFO, &info), EINVAL, "INFO with a wrong size word is EINVAL");
@@ -191,9 +195,9 @@ static int cmd_badinput(const char *dev)
 	EXPECT_ERR(ioctl(fd, PERFQ_IOC_INFO, (void *)16), EFAULT, "INFO with a wild pointer is EFAULT");
 	EXPECT_ERR(ioctl(fd, PERFQ_IOC_INFO, (void *)0xffff888000000000ULL), EFAULT,
 		   "INFO with a kernel pointer is EFAULT");
-	ro_page = mmap(NULL, page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-	((struct perfq_ioc_info *)ro_page)->size = sizeof(info);
-	mprotect(ro_page, page, PROT_READ);
+	memset(&info, 0, sizeof(info));
+	info.size = sizeof(info);
+	fill_ro_page(ro_page, page, &info, sizeof(info));
 	EXPECT_ERR(ioctl(fd, PERFQ_IOC_INFO, ro_page), EFAULT, "INFO into read-only memory is EFAULT");
 	/* the struct straddling the end of a mapping */
 	p = mmap(NULL, 2 * page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
@@ -201,6 +205,14 @@ static int cmd_badinput(const char *dev)
 	*(uint32_t *)((char *)p + page - 16) = sizeof(info);
 	EXPECT_ERR(ioctl(fd, PERFQ_IOC_INFO, (char *)p + page - 16), EFAULT,
 		   "INFO straddling unmapped memory is EFAULT");
+}
+
+/* PERFQ_IOC_CLOCK_SAMPLES with each field out of range, then one good call. */
+static void badinput_clock(int fd, void *ro_page, long page)
+{
+	static struct perfq_ioc_clock_samples req;
+	struct perfq_ioc_clock_samples head;
+	int r;
 
 	memset(&req, 0, sizeof(req));
 	req.size = sizeof(req);
@@ -229,23 +241,26 @@ static int cmd_badinput(const char *dev)
 	EXPECT_ERR(ioctl(fd, _IOC(_IOC_READ | _IOC_WRITE, PERFQ_IOC_TYPE, 1, 64), &req), EINVAL,
 		   "CLOCK_SAMPLES wrong encoded size is EINVAL");
 	EXPECT_ERR(ioctl(fd, PERFQ_IOC_CLOCK_SAMPLES, NULL), EFAULT, "CLOCK_SAMPLES NULL is EFAULT");
-	mprotect(ro_page, page, PROT_READ | PROT_WRITE);
-	memset(ro_page, 0, page);
-	((struct perfq_ioc_clock_samples *)ro_page)->size = sizeof(req);
-	((struct perfq_ioc_clock_samples *)ro_page)->n = 1;
-	((struct perfq_ioc_clock_samples *)ro_page)->round = 1;
-	mprotect(ro_page, page, PROT_READ);
+	memset(&head, 0, sizeof(head));
+	head.size = sizeof(head);
+	head.n = 1;
+	head.round = 1;
+	fill_ro_page(ro_page, page, &head, sizeof(head));
 	EXPECT_ERR(ioctl(fd, PERFQ_IOC_CLOCK_SAMPLES, ro_page), EFAULT,
 		   "CLOCK_SAMPLES answering into read-only memory is EFAULT");
 	req.n = 4;
 	req.round = 2;
-	{
-		errno = 0;
-		int r = ioctl(fd, PERFQ_IOC_CLOCK_SAMPLES, &req);
-		check(r == 0 && req.count == 4, "CLOCK_SAMPLES n=4 works", r, errno);
-	}
+	errno = 0;
+	r = ioctl(fd, PERFQ_IOC_CLOCK_SAMPLES, &req);
+	check(r == 0 && req.count == 4, "CLOCK_SAMPLES n=4 works", r, errno);
+}
 
-	/* mmap */
+/* mmap requests the driver must refuse: out of range, misaligned, writable read-only parts. */
+static void badinput_mmap(int fd, const struct perfq_ioc_info *info, long page)
+{
+	const struct perfq_section *sec = info->sections;
+	uint64_t region = info->region_size;
+
 	EXPECT_ERR(mmap(NULL, page, PROT_READ, MAP_SHARED, fd, (off_t)region), EINVAL,
 		   "mmap at the region end is EINVAL");
 	EXPECT_ERR(mmap(NULL, page, PROT_READ, MAP_SHARED, fd, (off_t)1 << 44), EINVAL,
@@ -273,6 +288,14 @@ static int cmd_badinput(const char *dev)
 			PROT_READ | PROT_WRITE, MAP_SHARED, fd,
 			(off_t)sec[PERFQ_SECTION_DICT].offset - (off_t)sec[PERFQ_SECTION_HOST_CTRL].size),
 		   EACCES, "writable range reaching into the dictionary is EACCES");
+}
+
+/* The mappings the driver must grant, and what it refuses to change on them. */
+static void badinput_good_mappings(int fd, const struct perfq_ioc_info *info, long page)
+{
+	const struct perfq_section *sec = info->sections;
+	uint64_t region = info->region_size;
+	void *p;
 
 	p = mmap(NULL, region, PROT_READ, MAP_SHARED, fd, 0);
 	check(p != MAP_FAILED, "read-only mapping of the whole region works", (long)p, errno);
@@ -301,6 +324,24 @@ static int cmd_badinput(const char *dev)
 	check(p != MAP_FAILED, "read-write mapping of the app area works", (long)p, errno);
 	if (p != MAP_FAILED)
 		munmap(p, sec[PERFQ_SECTION_APP].size);
+}
+
+static int cmd_badinput(const char *dev)
+{
+	struct perfq_ioc_info info, scratch;
+	long page = sysconf(_SC_PAGESIZE);
+	void *ro_page;
+	int fd = open_dev(dev);
+
+	check(get_info(fd, &info) == 0 && info.version == PERFQ_IOC_VERSION, "INFO with a good argument",
+	      0, errno);
+	scratch = info;
+	badinput_ioctl_numbers(fd, &scratch);
+	ro_page = mmap(NULL, page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	badinput_info(fd, ro_page, page);
+	badinput_clock(fd, ro_page, page);
+	badinput_mmap(fd, &info, page);
+	badinput_good_mappings(fd, &info, page);
 	close(fd);
 	return failures ? 1 : 0;
 }
@@ -323,9 +364,74 @@ static int errno_allowed(int e)
 	       e == EPERM || e == ENOMEM || e == EOVERFLOW;
 }
 
-static int cmd_fuzz(const char *dev, unsigned long iters, unsigned long seed)
+/*
+ * One random ioctl, r choosing its shape: our type most of the time, random
+ * nr/size/dir, random contents and pointer.  Returns ioctl's result, *err its errno.
+ */
+static long fuzz_ioctl(int fd, uint64_t r, int *err)
 {
 	static uint8_t buf[8192] __attribute__((aligned(64)));
+	unsigned type = (r >> 8) % 4 ? PERFQ_IOC_TYPE : (unsigned)(r >> 16) & 0xff;
+	unsigned nr = (r >> 24) % 4 ? (unsigned)(r >> 26) % 3 : (unsigned)(r >> 26) & 0xff;
+	unsigned size = (r >> 34) % 2 ? ((r >> 35) % 2 ? sizeof(struct perfq_ioc_info)
+						   : sizeof(struct perfq_ioc_clock_samples))
+				      : (unsigned)(r >> 36) & 0x3fff;
+	unsigned dir = (r >> 50) % 4 ? (_IOC_READ | _IOC_WRITE) : (unsigned)(r >> 52) & 3;
+	unsigned long cmd = _IOC(dir, type, nr, size);
+	void *arg;
+	size_t k;
+	long ret;
+
+	for (k = 0; k < sizeof(buf); k += 8)
+		*(uint64_t *)(buf + k) = rnd() & ((r >> 54) % 2 ? ~0ULL : 0x4f);
+	*(uint32_t *)buf = (r >> 55) % 2 ? (uint32_t)size : (uint32_t)rnd();
+	switch ((r >> 57) % 8) {
+	case 0: arg = NULL; break;
+	case 1: arg = (void *)(uintptr_t)(rnd() & 0xffff); break;
+	case 2: arg = (void *)(uintptr_t)(0xffff800000000000ULL | rnd()); break;
+	case 3: arg = buf + sizeof(buf) - (rnd() % 64); break;
+	default: arg = buf; break;
+	}
+	/* keep the clock ioctl short: a small n and timeout when valid */
+	if (arg == buf && nr == 1) {
+		((struct perfq_ioc_clock_samples *)buf)->timeout_ns = rnd() % 200000;
+		((struct perfq_ioc_clock_samples *)buf)->round = 0;
+	}
+	errno = 0;
+	ret = ioctl(fd, cmd, arg);
+	*err = errno;
+	return ret;
+}
+
+/*
+ * One mmap with random offset, length, protection and flags, r choosing
+ * them; a mapping that works is touched once and unmapped, and counted in
+ * *mapped.  Returns 0 or -1, *err the errno.
+ */
+static long fuzz_mmap(int fd, uint64_t region_size, long page, uint64_t r, unsigned long *mapped,
+		      int *err)
+{
+	uint64_t off = (r >> 8) % 4 ? ((rnd() % (region_size / page + 4)) * page)
+				    : rnd() % (1ULL << 40);
+	uint64_t len = (r >> 12) % 4 ? ((rnd() % 8) * page) : rnd() % (region_size * 2);
+	int prot = (int)((r >> 16) & 7);
+	int flags = (r >> 20) % 4 ? MAP_SHARED : MAP_PRIVATE;
+	void *p;
+
+	errno = 0;
+	p = mmap(NULL, len, prot, flags, fd, (off_t)off);
+	*err = errno;
+	if (p == MAP_FAILED)
+		return -1;
+	(*mapped)++;
+	if ((prot & PROT_READ) && len)
+		(void)*(volatile uint8_t *)p;
+	munmap(p, len);
+	return 0;
+}
+
+static int cmd_fuzz(const char *dev, unsigned long iters, unsigned long seed)
+{
 	struct perfq_ioc_info info;
 	unsigned long i, ok = 0, refused = 0, mapped = 0;
 	long page = sysconf(_SC_PAGESIZE);
@@ -341,56 +447,10 @@ static int cmd_fuzz(const char *dev, unsigned long iters, unsigned long seed)
 		long ret;
 		int e;
 
-		if (r % 3 != 0) {
-			/* an ioctl: our type most of the time, random nr/size/dir */
-			unsigned type = (r >> 8) % 4 ? PERFQ_IOC_TYPE : (unsigned)(r >> 16) & 0xff;
-			unsigned nr = (r >> 24) % 4 ? (unsigned)(r >> 26) % 3 : (unsigned)(r >> 26) & 0xff;
-			unsigned size = (r >> 34) % 2 ? ((r >> 35) % 2 ? sizeof(struct perfq_ioc_info)
-								   : sizeof(struct perfq_ioc_clock_samples))
-						      : (unsigned)(r >> 36) & 0x3fff;
-			unsigned dir = (r >> 50) % 4 ? (_IOC_READ | _IOC_WRITE) : (unsigned)(r >> 52) & 3;
-			unsigned long cmd = _IOC(dir, type, nr, size);
-			void *arg;
-			size_t k;
-
-			for (k = 0; k < sizeof(buf); k += 8)
-				*(uint64_t *)(buf + k) = rnd() & ((r >> 54) % 2 ? ~0ULL : 0x4f);
-			*(uint32_t *)buf = (r >> 55) % 2 ? (uint32_t)size : (uint32_t)rnd();
-			switch ((r >> 57) % 8) {
-			case 0: arg = NULL; break;
-			case 1: arg = (void *)(uintptr_t)(rnd() & 0xffff); break;
-			case 2: arg = (void *)(uintptr_t)(0xffff800000000000ULL | rnd()); break;
-			case 3: arg = buf + sizeof(buf) - (rnd() % 64); break;
-			default: arg = buf; break;
-			}
-			/* keep the clock ioctl short: a small n and timeout when valid */
-			if (arg == buf && nr == 1) {
-				((struct perfq_ioc_clock_samples *)buf)->timeout_ns = rnd() % 200000;
-				((struct perfq_ioc_clock_samples *)buf)->round = 0;
-			}
-			errno = 0;
-			ret = ioctl(fd, cmd, arg);
-			e = errno;
-		} else {
-			/* an mmap with random offset, length, protection and flags */
-			uint64_t off = (r >> 8) % 4 ? ((rnd() % (info.region_size / page + 4)) * page)
-						    : rnd() % (1ULL << 40);
-			uint64_t len = (r >> 12) % 4 ? ((rnd() % 8) * page) : rnd() % (info.region_size * 2);
-			int prot = (int)((r >> 16) & 7);
-			int flags = (r >> 20) % 4 ? MAP_SHARED : MAP_PRIVATE;
-			void *p;
-
-			errno = 0;
-			p = mmap(NULL, len, prot, flags, fd, (off_t)off);
-			e = errno;
-			ret = p == MAP_FAILED ? -1 : 0;
-			if (p != MAP_FAILED) {
-				mapped++;
-				if ((prot & PROT_READ) && len)
-					(void)*(volatile uint8_t *)p;
-				munmap(p, len);
-			}
-		}
+		if (r % 3 != 0)
+			ret = fuzz_ioctl(fd, r, &e);
+		else
+			ret = fuzz_mmap(fd, info.region_size, page, r, &mapped, &e);
 		if (ret == 0) {
 			ok++;
 		} else if (errno_allowed(e)) {
