@@ -1,0 +1,92 @@
+// What the clock model (model.cpp), the online fit (fit.cpp) and the
+// offline fit (offline_fit.cpp) share: time arithmetic on u64 times and the
+// robust weighted fit (robust_fit.cpp).  Internal to sync/.
+#pragma once
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <vector>
+
+#include "sync/sync.h"
+
+namespace perfq::sync_fit {
+
+inline uint64_t add_ns(uint64_t base, long double delta) noexcept {
+  // Modular add of a rounded signed delta; deltas beyond s64 are clamped.
+  const long double r = std::round(delta);
+  int64_t v;
+  if (!std::isfinite(r))
+    v = 0;
+  else if (r >= 9.2e18L)
+    v = std::numeric_limits<int64_t>::max();
+  else if (r <= -9.2e18L)
+    v = std::numeric_limits<int64_t>::min();
+  else
+    v = static_cast<int64_t>(r);
+  return base + static_cast<uint64_t>(v);
+}
+
+inline uint64_t sat_add(uint64_t base, long double delta) noexcept {
+  // Saturating (not modular) add, for range bounds.
+  const long double r = static_cast<long double>(base) + delta;
+  if (!std::isfinite(r)) return base;
+  if (r <= 0) return 0;
+  if (r >= 1.8446744073709551615e19L) return UINT64_MAX;
+  return static_cast<uint64_t>(r);
+}
+
+// ---- The robust weighted fit ----------------------------------------------------------
+//
+// Points relative to an origin observation o: x = D - D_o (ticks),
+// y = (H - H_o) - s0 * x (ns), s0 the prior slope.  Model y = a + c x with a
+// Gaussian prior c ~ N(0, prior_var) (which also makes one point, or points
+// close together, well posed: the slope stays at the prior).  Weights
+// 1 / (u^2/3 + floor^2): an error uniform within the bracket bound u has
+// variance u^2/3.  Residuals beyond max(k x 1.4826 x MAD, 2u, floor) are
+// rejected and the fit repeated until the inlier set is stable.
+struct FitOut {
+  long double a = 0, c = 0;  // at x = 0
+  long double xbar = 0;      // weighted mean x of the inliers
+  long double var_ybar = 0;  // variance of the fitted value at xbar
+  long double var_c = 0;     // variance of the slope
+  // The prior's pull on the slope, squared: (c - the data's own slope)^2.
+  // Negligible once rounds span a second; most of the slope for a young
+  // fit whose prior is wrong (a clock 5000 ppm off, a prior of +-1000).
+  long double bias_c2 = 0;
+  double sigma = 0;          // robust sigma of the residuals (ns)
+  size_t inliers = 0;
+
+  long double var_at(long double x) const { return var_ybar + (x - xbar) * (x - xbar) * var_c; }
+};
+
+struct Pt {
+  long double x, y, w;
+  double u;
+};
+
+// The fit of points p (in: the inlier mask, updated).
+FitOut robust_fit(const std::vector<Pt>& p, std::vector<uint8_t>& in, long double prior_var,
+                  const SyncConfig& cfg);
+
+// Observation o as a point relative to origin (d_o, h_o) and prior slope s0.
+Pt make_pt(const SyncObservation& o, uint64_t d_o, uint64_t h_o, long double s0,
+           const SyncConfig& cfg);
+
+// The knot at origin o from a fit.  `prior_measured`: the slope prior is
+// the device's own measured rate (a segment after a step, the offline
+// fit's whole segment), not the nominal one; otherwise the prior's pull
+// on the slope (FitOut::bias_c2) is part of the knot's rate sigma and of
+// its uncertainty at the origin, for the nominal prior may be wrong.
+ClockModel knot_from(const FitOut& f, const SyncObservation& o, long double s0, uint32_t segment,
+                     uint64_t valid_from, bool prior_measured);
+
+// The uncertainty above which a round is much worse than the usual ones:
+// max(floor, factor x the lower quartile of `u`), reordering u.  (A low
+// quantile: on a machine that is saturated half of the time the median
+// would let the slow half in.)
+double gate_of(std::vector<double>& u, const GateConfig& cfg = {});
+
+// An observation with a finite uncertainty within cfg's limit.
+bool usable(const SyncObservation& o, const SyncConfig& cfg);
+
+}  // namespace perfq::sync_fit
