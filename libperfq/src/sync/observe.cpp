@@ -189,6 +189,52 @@ Status ClockRates::validate() const {
   return Status::ok();
 }
 
+namespace {
+
+// The first well-formed sample (a bracket of 0..kMaxBracketTicks), or null.
+const perfq_clock_sample* first_usable(std::span<const perfq_clock_sample> samples) {
+  for (const auto& s : samples)
+    if (time_diff(s.after, s.before) >= 0 && time_diff(s.after, s.before) <= kMaxBracketTicks)
+      return &s;
+  return nullptr;
+}
+
+// The host side's candidates, relative to its bases: H - R (ns) must agree
+// between samples; payloads: Hmid, R2.
+std::vector<Cand> host_candidates(std::span<const perfq_clock_sample> host, uint64_t base_h,
+                                  uint64_t base_r, long double tns) {
+  std::vector<Cand> hc;
+  hc.reserve(host.size());
+  for (const auto& s : host) {
+    const int64_t delay = time_diff(s.after, s.before);
+    if (delay < 0 || delay > kMaxBracketTicks) continue;
+    const long double hmid = static_cast<long double>(time_diff(s.before, base_h)) +
+                             static_cast<long double>(delay) / 2;
+    const long double r2 = static_cast<long double>(time_diff(s.value, base_r));
+    hc.push_back(Cand{static_cast<long double>(delay), hmid, hmid - r2 * tns, hmid, r2});
+  }
+  return hc;
+}
+
+// The device side's candidates, relative to the bases: D - R (ns) must
+// agree between samples; payloads: D, R1.
+std::vector<Cand> device_candidates(std::span<const perfq_clock_sample> device, uint64_t base_r,
+                                    uint64_t base_d, long double tns, long double dns) {
+  std::vector<Cand> dc;
+  dc.reserve(device.size());
+  for (const auto& s : device) {
+    const int64_t delay = time_diff(s.after, s.before);
+    if (delay < 0 || delay > kMaxBracketTicks) continue;
+    const long double r1 = static_cast<long double>(time_diff(s.before, base_r)) +
+                           static_cast<long double>(delay) / 2;
+    const long double d = static_cast<long double>(time_diff(s.value, base_d));
+    dc.push_back(Cand{static_cast<long double>(delay) * tns, r1 * tns, d * dns - r1 * tns, d, r1});
+  }
+  return dc;
+}
+
+}  // namespace
+
 Result<SyncObservation> make_observation(std::span<const perfq_clock_sample> host,
                                          std::span<const perfq_clock_sample> device,
                                          const ClockRates& rates, const SelectionConfig& sel,
@@ -199,52 +245,21 @@ Result<SyncObservation> make_observation(std::span<const perfq_clock_sample> hos
 
   // Bases: the first well-formed sample of each side; all arithmetic below
   // is on signed differences from them (any u64 origin works).
-  const perfq_clock_sample* h0 = nullptr;
-  for (const auto& s : host)
-    if (time_diff(s.after, s.before) >= 0 && time_diff(s.after, s.before) <= kMaxBracketTicks) {
-      h0 = &s;
-      break;
-    }
+  const perfq_clock_sample* h0 = first_usable(host);
   if (!h0)
     return Status(Errc::kInvalidArgument,
                   fmt::format("sync round {}: no usable host sample among {}", round, host.size()));
   const uint64_t base_h = h0->before;
   const uint64_t base_r = h0->value;
+  std::vector<Cand> hc = host_candidates(host, base_h, base_r, tns);
 
-  std::vector<Cand> hc;
-  hc.reserve(host.size());
-  for (const auto& s : host) {
-    const int64_t delay = time_diff(s.after, s.before);
-    if (delay < 0 || delay > kMaxBracketTicks) continue;
-    const long double hmid = static_cast<long double>(time_diff(s.before, base_h)) +
-                             static_cast<long double>(delay) / 2;
-    const long double r2 = static_cast<long double>(time_diff(s.value, base_r));
-    // H - R (ns) must agree between samples; payloads: Hmid, R2.
-    hc.push_back(Cand{static_cast<long double>(delay), hmid, hmid - r2 * tns, hmid, r2});
-  }
-
-  const perfq_clock_sample* d0 = nullptr;
-  for (const auto& s : device)
-    if (time_diff(s.after, s.before) >= 0 && time_diff(s.after, s.before) <= kMaxBracketTicks) {
-      d0 = &s;
-      break;
-    }
+  const perfq_clock_sample* d0 = first_usable(device);
   if (!d0)
     return Status(Errc::kInvalidArgument,
                   fmt::format("sync round {}: no usable device sample among {}", round,
                               device.size()));
   const uint64_t base_d = d0->value;
-  std::vector<Cand> dc;
-  dc.reserve(device.size());
-  for (const auto& s : device) {
-    const int64_t delay = time_diff(s.after, s.before);
-    if (delay < 0 || delay > kMaxBracketTicks) continue;
-    const long double r1 = static_cast<long double>(time_diff(s.before, base_r)) +
-                           static_cast<long double>(delay) / 2;
-    const long double d = static_cast<long double>(time_diff(s.value, base_d));
-    // D - R (ns) must agree between samples; payloads: D, R1.
-    dc.push_back(Cand{static_cast<long double>(delay) * tns, r1 * tns, d * dns - r1 * tns, d, r1});
-  }
+  std::vector<Cand> dc = device_candidates(device, base_r, base_d, tns, dns);
 
   // Host side first: the tightest brackets (their error is the one that
   // does not average out).  Device side: the weighted mean around them.

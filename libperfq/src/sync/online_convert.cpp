@@ -194,6 +194,82 @@ uint32_t OnlineConverter::epoch_of(const perfq_record& r, StreamClock& sc,
 }
 
 
+namespace {
+
+int64_t host_time(const ClockModel& k, uint64_t d) { return static_cast<int64_t>(k.to_host(d)); }
+
+// convert() with one segment, or none of the record's epoch yet: the
+// device clock went back and no round has seen where to (`unseen_step`;
+// forced: the newest, with no bound, for the model is known not to hold
+// there).
+bool convert_by_current(const perfq_record& r, const ConversionModel& m, bool force,
+                        bool unseen_step, TraceRecord* out) {
+  if (unseen_step && !force) return false;
+  // Beyond the newest round (most records, when they are first seen: no
+  // claim to compute), or covered by a model looser than this device's
+  // good rounds make it (fitted while the first rounds were loose): wait
+  // for a round that covers or tightens it.
+  const bool beyond = time_diff(m.covered_device, r.time) < 0;
+  if (!force && beyond) return false;
+  const double claim = m.current.claim_at(r.time);
+  if (!force && claim > m.tight_ns) return false;
+  out->time_ns = host_time(m.current, r.time);
+  // Forced past the newest round, no round saw the time: a step there
+  // would be unseen, so there is no bound to claim.
+  out->claim_ns = unseen_step || beyond ? kClaimUnbounded : stored_claim(claim);
+  out->conv = force ? TraceConversion::kForced : TraceConversion::kModel;
+  return true;
+}
+
+// The segments that may hold a device time, with the host time each puts
+// it at (convert(), "Around a step").
+struct SegmentCand {
+  int64_t t;
+  double claim;
+  int cls;  // 2: in order and not after the read, 1: not after the read, 0: neither
+  size_t seg;  // index in segs
+};
+struct SegmentCands {
+  std::array<SegmentCand, 8> cand{};
+  size_t n = 0;
+  int best_cls = -1;
+};
+
+// The candidates among the newest segments of epoch [lo, hi] for time
+// r.time of a stream whose previous record converted to `last_host` and
+// that was read at `read_ns` (INT64_MAX: unknown).
+SegmentCands segment_candidates(const perfq_record& r, const ConversionModel& m, uint32_t lo,
+                                uint32_t hi, int64_t last_host, int64_t read_ns) {
+  const PiecewiseModel& h = m.history;
+  const auto& segs = h.segments();
+  // A stream's times run forward: not before its previous record (less a
+  // microsecond of model noise).
+  const int64_t not_before = last_host != INT64_MIN ? last_host - 1000 : INT64_MIN;
+  SegmentCands c;
+  const size_t first = segs.size() > c.cand.size() ? segs.size() - c.cand.size() : 0;
+  for (size_t i = first; i < segs.size(); ++i) {
+    const auto& sg = segs[i];
+    if (sg.knots.empty() || sg.id < lo || sg.id > hi) continue;
+    const ClockModel k = h.model_at(r.time, sg.id);
+    const int64_t t = host_time(k, r.time);
+    // An older model's rate may be its prior's (a segment of one round):
+    // the current model's says how far off it is.
+    const double claim = k.claim_at(r.time, m.current);
+    const double tol = claim + 1000;
+    const uint64_t from = i > 0 ? segs[i - 1].last_host : 0;
+    const uint64_t until = i + 1 < segs.size() ? segs[i + 1].first_host : 0;
+    if (from && static_cast<double>(t) < static_cast<double>(from) - tol) continue;
+    if (until && static_cast<double>(t) > static_cast<double>(until) + tol) continue;
+    const bool unread = read_ns == INT64_MAX || t <= read_ns + 20'000;
+    const int cls = unread ? (t >= not_before ? 2 : 1) : 0;
+    c.cand[c.n++] = {t, claim, cls, i};
+    c.best_cls = std::max(c.best_cls, cls);
+  }
+  return c;
+}
+
+}  // namespace
+
 // Converts r into out.  A device time is converted once a sync round
 // after it is in the model (`force`: with whatever model there is), so
 // the fit brackets it: interpolation, never extrapolation past the newest
@@ -232,82 +308,33 @@ bool OnlineConverter::convert(const perfq_record& r, const StreamClock& sc, uint
   const uint32_t hi = epoch + 1 < epoch_floor_.size() && epoch_floor_[epoch + 1] > 0
                           ? epoch_floor_[epoch + 1] - 1
                           : UINT32_MAX;
-  const auto t_of = [&](const ClockModel& k) { return static_cast<int64_t>(k.to_host(r.time)); };
-  const bool beyond = time_diff(m->covered_device, r.time) < 0;
-  if (segs.size() <= 1 || m->current.segment < lo) {
-    // One segment, or none of this epoch's yet: the device clock went back
-    // and no round has seen where to (forced: the newest, with no bound,
-    // for the model is known not to hold there).
-    const bool unseen_step = m->current.segment < lo;
-    if (unseen_step && !force) return false;
-    // Beyond the newest round (most records, when they are first seen: no
-    // claim to compute), or covered by a model looser than this device's
-    // good rounds make it (fitted while the first rounds were loose): wait
-    // for a round that covers or tightens it.
-    if (!force && beyond) return false;
-    const double claim = m->current.claim_at(r.time);
-    if (!force && claim > m->tight_ns) return false;
-    out->time_ns = t_of(m->current);
-    // Forced past the newest round, no round saw the time: a step there
-    // would be unseen, so there is no bound to claim.
-    out->claim_ns = unseen_step || beyond ? kClaimUnbounded : stored_claim(claim);
-    out->conv = force ? TraceConversion::kForced : TraceConversion::kModel;
-    return true;
-  }
-  // A stream's times run forward: not before its previous record (less a
-  // microsecond of model noise).
-  const int64_t not_before = sc.last_host != INT64_MIN ? sc.last_host - 1000 : INT64_MIN;
-  struct Cand {
-    int64_t t;
-    double claim;
-    int cls;  // 2: in order and not after the read, 1: not after the read, 0: neither
-    size_t seg;  // index in segs
-  };
-  std::array<Cand, 8> cand{};
-  size_t nc = 0;
-  int best_cls = -1;
-  const size_t first = segs.size() > cand.size() ? segs.size() - cand.size() : 0;
-  for (size_t i = first; i < segs.size(); ++i) {
-    const auto& sg = segs[i];
-    if (sg.knots.empty() || sg.id < lo || sg.id > hi) continue;
-    const ClockModel k = h.model_at(r.time, sg.id);
-    const int64_t t = t_of(k);
-    // An older model's rate may be its prior's (a segment of one round):
-    // the current model's says how far off it is.
-    const double claim = k.claim_at(r.time, m->current);
-    const double tol = claim + 1000;
-    const uint64_t from = i > 0 ? segs[i - 1].last_host : 0;
-    const uint64_t until = i + 1 < segs.size() ? segs[i + 1].first_host : 0;
-    if (from && static_cast<double>(t) < static_cast<double>(from) - tol) continue;
-    if (until && static_cast<double>(t) > static_cast<double>(until) + tol) continue;
-    const bool unread = rs.read_ns == INT64_MAX || t <= rs.read_ns + 20'000;
-    const int cls = unread ? (t >= not_before ? 2 : 1) : 0;
-    cand[nc++] = {t, claim, cls, i};
-    best_cls = std::max(best_cls, cls);
-  }
-  if (nc == 0) {
+  if (segs.size() <= 1 || m->current.segment < lo)
+    return convert_by_current(r, *m, force, m->current.segment < lo, out);
+  const SegmentCands c = segment_candidates(r, *m, lo, hi, sc.last_host, rs.read_ns);
+  if (c.n == 0) {
     // No segment places it (a history cut short, say): the newest, forced.
     if (!force) return false;
-    out->time_ns = t_of(h.model_at(r.time));
+    out->time_ns = host_time(h.model_at(r.time), r.time);
     out->claim_ns = kClaimUnbounded;
     out->conv = TraceConversion::kForced;
     return true;
   }
-  const Cand* chosen = nullptr;
-  for (size_t i = nc; i-- > 0;)
-    if (cand[i].cls == best_cls) {
-      chosen = &cand[i];
+  const SegmentCand* chosen = nullptr;
+  for (size_t i = c.n; i-- > 0;)
+    if (c.cand[i].cls == c.best_cls) {
+      chosen = &c.cand[i];
       break;
     }
   // The newest of the best is the current segment's: only once a round
   // after the time is in (interpolation), and the model tight there.
+  const bool beyond = time_diff(m->covered_device, r.time) < 0;
   const bool current = chosen->seg + 1 == segs.size() && segs.back().id == m->current.segment;
   if (current && !force && (beyond || chosen->claim > m->tight_ns)) return false;
   double claim = chosen->claim;
-  for (size_t i = 0; i < nc; ++i)
-    if (cand[i].cls == best_cls)
-      claim = std::max(claim, cand[i].claim +
-                                  std::fabs(static_cast<double>(cand[i].t - chosen->t)));
+  for (size_t i = 0; i < c.n; ++i)
+    if (c.cand[i].cls == c.best_cls)
+      claim = std::max(claim, c.cand[i].claim +
+                                  std::fabs(static_cast<double>(c.cand[i].t - chosen->t)));
   out->time_ns = chosen->t;
   // Forced past the newest round: no bound (above).
   out->claim_ns = current && beyond ? kClaimUnbounded : stored_claim(claim);
