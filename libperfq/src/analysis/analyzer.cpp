@@ -1,13 +1,14 @@
-// analyze_trace(): the streaming analysis behind `perfqctl report`.
+// analyze_trace(): the streaming analysis behind `perfqctl report` (one
+// pass of the Analyzer visitor; with --resync a first pass collects the
+// sync samples for the offline fit).
 #include "perfq/report.h"
 
 #include <algorithm>
-#include <cmath>
 #include <cerrno>
+#include <cmath>
 #include <cstdlib>
 #include <memory>
 #include <optional>
-#include <nlohmann/json.hpp>
 #include <set>
 #include <unordered_map>
 
@@ -18,106 +19,6 @@
 #include "analysis/job_roles.h"
 
 namespace perfq {
-
-// ---------------------------------------------------------------------------
-// LatencyHistogram
-
-namespace {
-
-constexpr int kSubBits = 8;  // 9 significant bits: 2^8 sub-buckets per octave
-constexpr uint64_t kSub = uint64_t{1} << kSubBits;
-
-uint32_t bucket_of(uint64_t v) {
-  if (v < kSub) return static_cast<uint32_t>(v);
-  int e = 63 - __builtin_clzll(v);  // >= kSubBits
-  int shift = e - kSubBits;
-  uint64_t m = v >> shift;  // in [kSub, 2 kSub)
-  return static_cast<uint32_t>((static_cast<uint64_t>(shift) + 1) * kSub + (m - kSub));
-}
-
-// Midpoint of the bucket (exact for the unit-wide ones).
-uint64_t value_of(uint32_t b) {
-  if (b < kSub) return b;
-  uint64_t shift = b / kSub - 1;
-  uint64_t m = b % kSub + kSub;
-  uint64_t lo = m << shift;
-  return lo + ((uint64_t{1} << shift) >> 1);
-}
-
-}  // namespace
-
-void LatencyHistogram::add(int64_t v) {
-  if (count_ == 0) {
-    min_ = max_ = v;
-  } else {
-    min_ = std::min(min_, v);
-    max_ = std::max(max_, v);
-  }
-  ++count_;
-  sum_ += v;
-  if (!bucketed_) {
-    ++exact_[v];
-    if (exact_.size() <= kExactValues) return;
-    for (const auto& [value, n] : exact_) add_bucketed(value, n);
-    exact_.clear();
-    bucketed_ = true;
-    return;
-  }
-  add_bucketed(v, 1);
-}
-
-void LatencyHistogram::add_bucketed(int64_t v, uint64_t n) {
-  if (v >= 0) {
-    pos_[bucket_of(static_cast<uint64_t>(v))] += n;
-  } else {
-    neg_[bucket_of(static_cast<uint64_t>(-(v + 1)) + 1)] += n;
-  }
-}
-
-int64_t LatencyHistogram::quantile(double q) const {
-  if (count_ == 0) return 0;
-  q = std::clamp(q, 0.0, 1.0);
-  auto rank = static_cast<uint64_t>(std::ceil(q * static_cast<double>(count_)));
-  rank = std::clamp<uint64_t>(rank, 1, count_);
-  uint64_t seen = 0;
-  int64_t v = max_;
-  bool found = false;
-  for (auto it = exact_.begin(); it != exact_.end() && !found; ++it) {
-    seen += it->second;
-    if (seen >= rank) {
-      v = it->first;
-      found = true;
-    }
-  }
-  for (auto it = neg_.rbegin(); it != neg_.rend() && !found; ++it) {
-    seen += it->second;
-    if (seen >= rank) {
-      v = -static_cast<int64_t>(value_of(it->first));
-      found = true;
-    }
-  }
-  for (auto it = pos_.begin(); it != pos_.end() && !found; ++it) {
-    seen += it->second;
-    if (seen >= rank) {
-      v = static_cast<int64_t>(value_of(it->first));
-      found = true;
-    }
-  }
-  return std::clamp(v, min_, max_);
-}
-
-LatencyStats LatencyHistogram::summary() const {
-  LatencyStats d;
-  d.count = count_;
-  if (count_ == 0) return d;
-  d.min = min_;
-  d.max = max_;
-  d.mean = static_cast<double>(sum_ / static_cast<long double>(count_));
-  d.p50 = quantile(0.50);
-  d.p90 = quantile(0.90);
-  d.p99 = quantile(0.99);
-  return d;
-}
 
 // ---------------------------------------------------------------------------
 // The analysis visitor
@@ -265,8 +166,24 @@ class Analyzer : public TraceVisitor {
       r_.last_ns = last_;
       r_.duration_ns = last_ - first_;
     }
-    // A recorder that states its interval (start_ns, stop_ns: host times)
-    // gives the duration and rates of the recording, not of its records.
+    recording_interval();
+    finish_streams();
+    const double secs = static_cast<double>(r_.duration_ns) / 1e9;
+    for (auto& [key, e] : events_) {
+      e.rate_per_s = secs > 0 ? static_cast<double>(e.count) / secs : 0;
+      r_.events.push_back(e);
+    }
+    for (auto& [key, h] : pairs_) {
+      r_.pairs.push_back({key.first, key.second, h.summary()});
+    }
+    finish_sync(opt);
+    finish_jobs();
+  }
+
+ private:
+  // A recorder that states its interval (start_ns, stop_ns: host times)
+  // gives the duration and rates of the recording, not of its records.
+  void recording_interval() {
     auto option_ns = [&](const char* key) -> std::optional<int64_t> {
       auto it = r_.metadata.options.find(key);
       if (it == r_.metadata.options.end()) return std::nullopt;
@@ -283,7 +200,9 @@ class Analyzer : public TraceVisitor {
       r_.duration_ns = *stop - *start;
       r_.duration_of_recording = true;
     }
-    const double secs = static_cast<double>(r_.duration_ns) / 1e9;
+  }
+
+  void finish_streams() {
     for (auto& [key, st] : streams_) {
       st.stat.lost = std::max(st.stat.reported_lost, st.stat.gap_lost);
       // Gaps that records sorted late filled were no losses (a stream's
@@ -301,13 +220,11 @@ class Analyzer : public TraceVisitor {
       }
       r_.streams.push_back(st.stat);
     }
-    for (auto& [key, e] : events_) {
-      e.rate_per_s = secs > 0 ? static_cast<double>(e.count) / secs : 0;
-      r_.events.push_back(e);
-    }
-    for (auto& [key, h] : pairs_) {
-      r_.pairs.push_back({key.first, key.second, h.summary()});
-    }
+  }
+
+  // A sync line per device: its last stored model's standing (or, with
+  // --resync, the offline model's), and the claims of its times.
+  void finish_sync(const TraceReportOptions& opt) {
     for (const auto& s : r_.metadata.sources) {
       if (s.kind == TraceSourceKind::kDevice) sync_[s.id];  // every device gets a line
     }
@@ -338,6 +255,9 @@ class Analyzer : public TraceVisitor {
       }
       r_.sync.push_back(d);
     }
+  }
+
+  void finish_jobs() {
     r_.jobs.count = job_count_;
     r_.jobs.incomplete = jobs_.size();
     r_.jobs.submit_to_start = lat_[0].summary();
@@ -349,7 +269,6 @@ class Analyzer : public TraceVisitor {
     r_.jobs.off_cpu.worst = worst_;
   }
 
- private:
   bool is_device(uint16_t source) const {
     const TraceSource* s = r_.metadata.find_source(source);
     return s && s->kind == TraceSourceKind::kDevice;
@@ -682,319 +601,6 @@ Result<TraceReport> analyze_trace(const std::string& path, const TraceReportOpti
   r.clean_end = reader->summary().clean_end;
   a.finish(options);
   return r;
-}
-
-// ---------------------------------------------------------------------------
-// Output
-
-namespace {
-
-using nlohmann::ordered_json;
-
-ordered_json dist_json(const LatencyStats& d) {
-  return ordered_json{{"count", d.count}, {"min", d.min},  {"p50", d.p50}, {"p90", d.p90},
-                      {"p99", d.p99},     {"max", d.max},  {"mean", d.mean}};
-}
-
-std::string source_name(const TraceReport& r, uint16_t id) {
-  const TraceSource* s = r.metadata.find_source(id);
-  return s ? s->name : fmt::format("source {}", id);
-}
-
-const char* source_kind(const TraceReport& r, uint16_t id) {
-  const TraceSource* s = r.metadata.find_source(id);
-  return s ? trace_source_kind_name(s->kind) : "host";
-}
-
-}  // namespace
-
-std::string report_to_json(const TraceReport& r) {
-  ordered_json j;
-  j["file"] = r.path;
-  j["complete"] = r.stopped_early.empty();
-  j["clean_end"] = r.clean_end;
-  if (!r.stopped_early.empty()) {
-    j["stopped_early"] = {{"offset", r.stop_offset}, {"reason", r.stopped_early}};
-  }
-  j["host"] = {{"name", r.metadata.host_name},
-               {"kernel", r.metadata.kernel},
-               {"cpu", r.metadata.cpu},
-               {"perfq_version", r.metadata.perfq_version}};
-  ordered_json sources = ordered_json::array();
-  for (const auto& s : r.metadata.sources) {
-    ordered_json src = {{"id", s.id},
-                        {"kind", trace_source_kind_name(s.kind)},
-                        {"name", s.name},
-                        {"pci_address", s.pci_address},
-                        {"link", s.link}};
-    if (s.pci) src["pci"] = ordered_json::parse(pci_device_to_json(*s.pci).dump());
-    sources.push_back(src);
-  }
-  j["sources"] = sources;
-  j["first_ns"] = r.first_ns;
-  j["last_ns"] = r.last_ns;
-  j["duration_ns"] = r.duration_ns;
-  // "recording": the recorder's start to stop; "records": first to last record.
-  j["duration_of"] = r.duration_of_recording ? "recording" : "records";
-  if (r.duration_of_recording) {
-    j["recording_start_ns"] = r.recording_start_ns;
-    j["recording_stop_ns"] = r.recording_stop_ns;
-  }
-
-  ordered_json streams = ordered_json::array();
-  ordered_json loss_streams = ordered_json::array();
-  for (const auto& s : r.streams) {
-    streams.push_back({{"source", s.source},
-                       {"source_name", source_name(r, s.source)},
-                       {"kind", source_kind(r, s.source)},
-                       {"stream", s.stream},
-                       {"records", s.records}});
-    if (s.lost || s.loss_events) {
-      loss_streams.push_back({{"source", s.source},
-                              {"source_name", source_name(r, s.source)},
-                              {"kind", source_kind(r, s.source)},
-                              {"stream", s.stream},
-                              {"lost", s.lost},
-                              {"reported", s.reported_lost},
-                              {"index_gaps", s.gap_lost},
-                              {"loss_events", s.loss_events},
-                              {"first_loss_ns", s.first_loss_ns},
-                              {"last_loss_ns", s.last_loss_ns},
-                              {"first_loss_index", s.first_loss_index}});
-    }
-  }
-  j["records"] = {{"host", r.records_host},
-                  {"device", r.records_device},
-                  {"total", r.records_host + r.records_device},
-                  {"streams", streams}};
-  j["lost"] = {{"host", r.lost_host}, {"device", r.lost_device}, {"streams", loss_streams}};
-
-  ordered_json devices = ordered_json::array();
-  auto sync_json = [](const ReportSync& d) {
-    ordered_json o = {{"synchronized", d.synchronized}};
-    if (d.synchronized) {
-      o["device_ahead_ns"] = d.standing.device_ahead_ns;
-      o["device_fast_ppm"] = d.standing.device_fast_ppm;
-      o["standing"] = standing_text(d.standing);
-      o["rate_implausible"] = d.standing.rate_implausible;
-    }
-    o["uncertainty_ns"] = d.uncertainty_ns;
-    o["worst_uncertainty_ns"] = d.worst_uncertainty_ns;
-    o["samples"] = d.samples;
-    o["models"] = d.models;
-    o["segments"] = d.segments;
-    o["resynced"] = d.resynced;
-    const ReportClaims& c = d.claims;
-    ordered_json cl = {{"records", c.records},
-                       {"by_daemon", c.by_daemon},
-                       {"by_device", c.by_device},
-                       {"forced", c.forced},
-                       {"unbounded", c.unbounded},
-                       {"unbounded_first_ns", c.unbounded ? ordered_json(c.unbounded_first_ns) : ordered_json()},
-                       {"unbounded_last_ns", c.unbounded ? ordered_json(c.unbounded_last_ns) : ordered_json()},
-                       {"unclaimed", c.unclaimed},
-                       {"worst_ns", c.claim_ns.max},
-                       {"p50_ns", c.claim_ns.p50},
-                       {"p99_ns", c.claim_ns.p99}};
-    o["claims"] = cl;
-    ordered_json segs = ordered_json::array();
-    for (const auto& sg : d.segment_list) {
-      ordered_json so = {{"segment", sg.segment}};
-      if (sg.from_ns != INT64_MIN) so["from_ns"] = sg.from_ns;
-      so["models"] = sg.models;
-      so["worst_model_ns"] = sg.worst_model_ns;
-      so["records"] = sg.records;
-      so["worst_claim_ns"] = sg.worst_claim_ns;
-      so["unbounded"] = sg.unbounded;
-      segs.push_back(so);
-    }
-    o["segment_list"] = segs;
-    return o;
-  };
-  for (const auto& d : r.sync) {
-    ordered_json o = {{"source", d.source}, {"name", d.name}};
-    o.update(sync_json(d));
-    devices.push_back(o);
-  }
-  // Top level: the first device (the usual single-device case).
-  ordered_json sync = sync_json(r.sync.empty() ? ReportSync{} : r.sync.front());
-  sync["devices"] = devices;
-  if (!r.resync_notes.empty()) sync["resync_notes"] = r.resync_notes;
-  j["sync"] = sync;
-
-  ordered_json events = ordered_json::array();
-  for (const auto& e : r.events) {
-    events.push_back({{"source", e.source},
-                      {"source_name", source_name(r, e.source)},
-                      {"event", e.event},
-                      {"name", e.name},
-                      {"kind", record_kind_name(e.kind)},
-                      {"count", e.count},
-                      {"rate_per_s", e.rate_per_s}});
-  }
-  j["events"] = events;
-  ordered_json pairs = ordered_json::array();
-  for (const auto& p : r.pairs) {
-    ordered_json d = dist_json(p.duration);
-    pairs.push_back({{"source", p.source},
-                     {"source_name", source_name(r, p.source)},
-                     {"name", p.name},
-                     {"duration_ns", d}});
-  }
-  j["durations"] = pairs;
-  j["unmatched_ends"] = r.unmatched_ends;
-  j["jobs"] = {{"count", r.jobs.count},
-               {"incomplete", r.jobs.incomplete},
-               {"submit_to_start_ns", dist_json(r.jobs.submit_to_start)},
-               {"start_to_end_ns", dist_json(r.jobs.start_to_end)},
-               {"end_to_complete_ns", dist_json(r.jobs.end_to_complete)}};
-  if (r.jobs.off_cpu.available) {
-    ordered_json worst = ordered_json::array();
-    for (const auto& w : r.jobs.off_cpu.worst)
-      worst.push_back({{"corr_id", w.corr_id}, {"tid", w.tid}, {"off_cpu_ns", w.off_cpu_ns},
-                       {"latency_ns", w.latency_ns}});
-    j["off_cpu"] = {{"jobs", r.jobs.off_cpu.jobs},
-                    {"jobs_off_cpu", r.jobs.off_cpu.jobs_off_cpu},
-                    {"off_cpu_ns", dist_json(r.jobs.off_cpu.off_cpu)},
-                    {"inferred_switch_ins", r.jobs.off_cpu.inferred_switch_ins},
-                    {"records_while_off", r.jobs.off_cpu.records_while_off},
-                    {"worst", worst}};
-  }
-  j["causality_violations"] = r.causality_violations;
-  return j.dump(2, ' ', false, ordered_json::error_handler_t::replace) + "\n";
-}
-
-namespace {
-
-std::string ns_text(int64_t ns) {
-  double a = std::fabs(static_cast<double>(ns));
-  if (a >= 1e9) return fmt::format("{:.3f} s", static_cast<double>(ns) / 1e9);
-  if (a >= 1e6) return fmt::format("{:.3f} ms", static_cast<double>(ns) / 1e6);
-  if (a >= 1e3) return fmt::format("{:.3f} us", static_cast<double>(ns) / 1e3);
-  return fmt::format("{} ns", ns);
-}
-
-std::string dist_text(const LatencyStats& d) {
-  if (d.count == 0) return "none";
-  return fmt::format("n={} min {} p50 {} p90 {} p99 {} max {}", d.count, ns_text(d.min),
-                     ns_text(d.p50), ns_text(d.p90), ns_text(d.p99), ns_text(d.max));
-}
-
-// The claims of a device's recorded times, and per segment where there
-// are several: what a reader may trust of each part of the recording.
-template <class Line>
-void claims_text(const ReportSync& d, Line& line) {
-  const ReportClaims& c = d.claims;
-  if (c.records == 0) return;
-  std::string how;
-  auto part = [&how](uint64_t n, const char* what) {
-    if (n) how += fmt::format("{}{} {}", how.empty() ? "" : ", ", n, what);
-  };
-  part(c.by_daemon, "by the daemon");
-  part(c.by_device, "by the device");
-  part(c.forced, "forced, without a round after them");
-  part(c.unclaimed, "with no claim stored");
-  line(fmt::format("  {:<24} times converted: {} ({})", "", c.records, how));
-  if (c.claim_ns.count)
-    line(fmt::format("  {:<24} each within its claim: p50 +-{} ns  p99 +-{} ns  worst +-{} ns", "",
-                     c.claim_ns.p50, c.claim_ns.p99, c.claim_ns.max));
-  if (c.unbounded)
-    line(fmt::format("  {:<24} UNSYNCHRONIZED: {} records have no bound (no sync round vouched for "
-                     "their time), from {} to {}",
-                     "", c.unbounded, c.unbounded_first_ns, c.unbounded_last_ns));
-  if (d.segment_list.size() < 2) return;
-  for (const auto& sg : d.segment_list) {
-    const std::string from = sg.from_ns == INT64_MIN ? "start" : std::to_string(sg.from_ns);
-    line(fmt::format("  {:<24} segment {} from {}: {} records, worst claim +-{} ns{}  ({} models, "
-                     "loosest +-{} ns)",
-                     "", sg.segment, from, sg.records, sg.worst_claim_ns,
-                     sg.unbounded ? fmt::format(", {} unsynchronized", sg.unbounded) : "",
-                     sg.models, sg.worst_model_ns));
-  }
-}
-
-}  // namespace
-
-std::string report_to_text(const TraceReport& r) {
-  std::string o;
-  auto line = [&o](const std::string& s) { o += s + "\n"; };
-  line(fmt::format("trace {}  (host {}, {}, perfq {})", r.path, r.metadata.host_name,
-                   r.metadata.kernel, r.metadata.perfq_version));
-  if (!r.stopped_early.empty()) {
-    line(fmt::format("WARNING: trace ends early: {}; the figures cover the {} chunks before it",
-                     r.stopped_early, r.chunks));
-  } else if (!r.clean_end) {
-    line("note: no end chunk (the writer did not close the file); all chunks are complete");
-  }
-  bool pci_header = false;
-  for (const auto& s : r.metadata.sources) {
-    if (!s.pci) continue;
-    if (!pci_header) line("pci");
-    pci_header = true;
-    const PciDevice& d = *s.pci;
-    std::string where = fmt::format("  {:<24} {}  {} [{}]", s.name, d.address, d.display_name(),
-                                    d.ids_text());
-    if (d.driver) where += "  driver " + *d.driver;
-    if (d.numa_node) where += fmt::format("  numa node {}", *d.numa_node);
-    if (d.iommu_group) where += fmt::format("  iommu group {}", *d.iommu_group);
-    line(where);
-    line("    " + pci_link_summary(d));
-    if (const std::string p = pci_payload_summary(d); !p.empty()) line("    " + p);
-  }
-  line(fmt::format("duration      {}{}", ns_text(r.duration_ns),
-                   r.duration_of_recording ? "" : " (first to last record: the recorder stated no interval)"));
-  line(fmt::format("records       host {}  device {}", r.records_host, r.records_device));
-  for (const auto& s : r.streams) {
-    line(fmt::format("  {:<24} {:<6} stream {:<5} {:>12} records", source_name(r, s.source),
-                     source_kind(r, s.source), s.stream, s.records));
-  }
-  line(fmt::format("lost          host {}  device {}", r.lost_host, r.lost_device));
-  for (const auto& s : r.streams) {
-    if (!s.lost && !s.loss_events) continue;
-    line(fmt::format("  {:<24} stream {:<5} lost {} (reported {}, index gaps {}) in {} events, "
-                     "first at {} (index {}), last at {}",
-                     source_name(r, s.source), s.stream, s.lost, s.reported_lost, s.gap_lost,
-                     s.loss_events, s.first_loss_ns, s.first_loss_index, s.last_loss_ns));
-  }
-  line("sync");
-  if (r.sync.empty()) line("  no devices");
-  for (const auto& d : r.sync) {
-    if (!d.synchronized) {
-      line(fmt::format("  {:<24} not synchronized (no clock model)  samples {}", d.name, d.samples));
-      continue;
-    }
-    line(fmt::format("  {:<24} {}{}", d.name, standing_text(d.standing),
-                     d.resynced ? "  (offline resync)" : ""));
-    line(fmt::format("  {:<24} bound +-{} ns (worst of the recording +-{} ns)  samples {}  models {}  "
-                     "segments {}",
-                     "", d.uncertainty_ns, d.worst_uncertainty_ns, d.samples, d.models, d.segments));
-    claims_text(d, line);
-  }
-  for (const auto& n : r.resync_notes) line("  note: " + n);
-  line("events");
-  for (const auto& e : r.events) {
-    line(fmt::format("  {:<24} {:<24} {:<8} {:>12}  {:>12.1f}/s", source_name(r, e.source), e.name,
-                     record_kind_name(e.kind), e.count, e.rate_per_s));
-  }
-  line("durations (begin/end)");
-  for (const auto& p : r.pairs) {
-    line(fmt::format("  {:<24} {:<24} {}", source_name(r, p.source), p.name, dist_text(p.duration)));
-  }
-  if (r.unmatched_ends) line(fmt::format("  {} end records had no open begin", r.unmatched_ends));
-  line(fmt::format("jobs          {} complete, {} incomplete", r.jobs.count, r.jobs.incomplete));
-  line(fmt::format("  submit->start   {}", dist_text(r.jobs.submit_to_start)));
-  line(fmt::format("  start->end      {}", dist_text(r.jobs.start_to_end)));
-  line(fmt::format("  end->complete   {}", dist_text(r.jobs.end_to_complete)));
-  if (r.jobs.off_cpu.available) {
-    const auto& oc = r.jobs.off_cpu;
-    line(fmt::format("  submitting thread off-CPU during {} of {} jobs: {}", oc.jobs_off_cpu, oc.jobs,
-                     dist_text(oc.off_cpu)));
-    for (const auto& w : oc.worst)
-      line(fmt::format("    job {:#x} (tid {}): off-CPU {:.1f} us of {:.1f} us", w.corr_id, w.tid,
-                       static_cast<double>(w.off_cpu_ns) / 1e3, static_cast<double>(w.latency_ns) / 1e3));
-  }
-  line(fmt::format("causality violations  {}", r.causality_violations));
-  return o;
 }
 
 }  // namespace perfq
