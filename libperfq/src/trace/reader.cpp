@@ -60,6 +60,21 @@ struct TraceReader::Impl {
   }
 
   Status read(TraceVisitor& v);
+
+  // A chunk whose header and checksum were checked, its payload
+  // decompressed (into stored or raw).
+  struct Chunk {
+    uint16_t type = 0;
+    uint32_t stored_len = 0;
+    uint32_t raw_len = 0;
+    uint32_t count = 0;
+    const uint8_t* payload = nullptr;
+  };
+  // The chunk at off whose n header bytes (n > 0) are h.
+  Status load_chunk(uint64_t off, uint64_t chunk_no, const uint8_t* h, size_t n, Chunk& c);
+  // Decodes c's items and hands them to v (v's answer in s); an error is
+  // the chunk's corruption.
+  Status deliver(uint64_t off, uint64_t chunk_no, const Chunk& c, TraceVisitor& v, Status& s);
 };
 
 TraceReader::TraceReader(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
@@ -117,123 +132,142 @@ Status TraceReader::Impl::read(TraceVisitor& v) {
     ssize_t n = read_at(off, h, sizeof h);
     if (n < 0) return Status::from_errno(fmt::format("{}: read at byte offset {}", path, off));
     if (n == 0) return Status::ok();  // ends at a chunk boundary
-    uint16_t type = get<uint16_t>(h + 4);
-    if (static_cast<size_t>(n) < sizeof h) {
-      return corrupt(off, chunk_no, 0, fmt::format("torn chunk header ({} of {} bytes)", n, sizeof h));
-    }
-    if (get<uint32_t>(h + 0) != kTraceChunkMagic) {
-      return corrupt(off, chunk_no, 0, fmt::format("bad chunk magic {:#010x}", get<uint32_t>(h)));
-    }
-    uint16_t flags = get<uint16_t>(h + 6);
-    uint32_t stored_len = get<uint32_t>(h + 8);
-    uint32_t raw_len = get<uint32_t>(h + 12);
-    uint32_t count = get<uint32_t>(h + 16);
-    uint32_t crc = get<uint32_t>(h + 20);
-    // Check the header's own fields before trusting any length in it.
-    if (stored_len > kTraceMaxChunkBytes || raw_len > kTraceMaxChunkBytes) {
-      return corrupt(off, chunk_no, type,
-                     fmt::format("length {} / {} exceeds the {} byte limit", stored_len, raw_len,
-                                 kTraceMaxChunkBytes));
-    }
-    stored.resize(stored_len);
-    ssize_t got = read_at(off + kTraceChunkHeaderSize, stored.data(), stored_len);
-    if (got < 0) {
-      return Status::from_errno(fmt::format("{}: read at byte offset {}", path, off + kTraceChunkHeaderSize));
-    }
-    if (static_cast<uint32_t>(got) < stored_len) {
-      return corrupt(off, chunk_no, type,
-                     fmt::format("torn chunk: payload has {} of {} bytes", got, stored_len));
-    }
-    uint32_t computed = crc32c_extend(crc32c(h, 20), stored.data(), stored_len);
-    if (computed != crc) {
-      return corrupt(off, chunk_no, type,
-                     fmt::format("checksum mismatch (stored {:#010x}, computed {:#010x})", crc, computed));
-    }
-    if (flags & ~kChunkFlagZstd) {
-      return corrupt(off, chunk_no, type, fmt::format("unknown flags {:#06x}", flags));
-    }
-    const uint8_t* payload = stored.data();
-    if (flags & kChunkFlagZstd) {
-      if (!dctx) dctx = ZSTD_createDCtx();
-      raw.resize(raw_len);
-      size_t z = ZSTD_decompressDCtx(dctx, raw.data(), raw_len, stored.data(), stored_len);
-      if (ZSTD_isError(z)) {
-        return corrupt(off, chunk_no, type, std::string("zstd: ") + ZSTD_getErrorName(z));
-      }
-      if (z != raw_len) {
-        return corrupt(off, chunk_no, type,
-                       fmt::format("zstd payload decompressed to {} bytes, header says {}", z, raw_len));
-      }
-      payload = raw.data();
-    } else if (raw_len != stored_len) {
-      return corrupt(off, chunk_no, type,
-                     fmt::format("uncompressed chunk with stored length {} != raw length {}",
-                                 stored_len, raw_len));
-    }
-    auto check_count = [&](size_t item) -> Status {
-      if (static_cast<uint64_t>(count) * item != raw_len) {
-        return corrupt(off, chunk_no, type,
-                       fmt::format("{} items of {} bytes do not fill {} bytes", count, item, raw_len));
-      }
-      return Status::ok();
-    };
-    const uint64_t next = off + kTraceChunkHeaderSize + stored_len;
+    Chunk c;
+    if (Status e = load_chunk(off, chunk_no, h, static_cast<size_t>(n), c); !e.is_ok()) return e;
+    const uint64_t next = off + kTraceChunkHeaderSize + c.stored_len;
     Status s;
-    switch (static_cast<ChunkType>(type)) {
-      case ChunkType::kMetadata: {
-        auto m = trace_metadata_from_json(std::string(reinterpret_cast<const char*>(payload), raw_len));
-        if (!m.is_ok()) return corrupt(off, chunk_no, type, m.status().message());
-        metadata.merge(m.value());
-        s = v.on_metadata(metadata);
-        break;
-      }
-      case ChunkType::kRecords: {
-        if (Status c = check_count(kRecordSize); !c.is_ok()) return c;
-        records.resize(count);
-        for (uint32_t i = 0; i < count; ++i) decode(payload + size_t{i} * kRecordSize, records[i]);
-        summary.records += count;
-        s = v.on_records(records);
-        break;
-      }
-      case ChunkType::kSyncSamples: {
-        if (Status c = check_count(kSyncSampleSize); !c.is_ok()) return c;
-        samples.resize(count);
-        for (uint32_t i = 0; i < count; ++i) decode(payload + size_t{i} * kSyncSampleSize, samples[i]);
-        s = v.on_sync_samples(samples);
-        break;
-      }
-      case ChunkType::kClockModels: {
-        if (Status c = check_count(kClockModelSize); !c.is_ok()) return c;
-        models.resize(count);
-        for (uint32_t i = 0; i < count; ++i) decode(payload + size_t{i} * kClockModelSize, models[i]);
-        s = v.on_clock_models(models);
-        break;
-      }
-      case ChunkType::kLoss: {
-        if (Status c = check_count(kLossSize); !c.is_ok()) return c;
-        losses.resize(count);
-        for (uint32_t i = 0; i < count; ++i) decode(payload + size_t{i} * kLossSize, losses[i]);
-        s = v.on_losses(losses);
-        break;
-      }
-      case ChunkType::kEnd: {
-        if (count != 1 || raw_len != kEndSize) {
-          return corrupt(off, chunk_no, type, fmt::format("end chunk of {} bytes", raw_len));
-        }
-        TraceEnd e{get<uint64_t>(payload), get<uint64_t>(payload + 8)};
-        summary.clean_end = true;
-        s = v.on_end(e);
-        break;
-      }
-      default:
-        ++summary.unknown_chunks;  // a newer writer's chunk: checksummed, skipped
-        break;
-    }
+    if (Status e = deliver(off, chunk_no, c, v, s); !e.is_ok()) return e;
     summary.chunks = chunk_no + 1;
     summary.bytes = next;
     if (!s.is_ok()) return s;
     off = next;
   }
+}
+
+Status TraceReader::Impl::load_chunk(uint64_t off, uint64_t chunk_no, const uint8_t* h, size_t n,
+                                     Chunk& c) {
+  c.type = get<uint16_t>(h + 4);
+  const uint16_t type = c.type;
+  if (n < kTraceChunkHeaderSize) {
+    return corrupt(off, chunk_no, 0,
+                   fmt::format("torn chunk header ({} of {} bytes)", n, kTraceChunkHeaderSize));
+  }
+  if (get<uint32_t>(h + 0) != kTraceChunkMagic) {
+    return corrupt(off, chunk_no, 0, fmt::format("bad chunk magic {:#010x}", get<uint32_t>(h)));
+  }
+  uint16_t flags = get<uint16_t>(h + 6);
+  const uint32_t stored_len = c.stored_len = get<uint32_t>(h + 8);
+  const uint32_t raw_len = c.raw_len = get<uint32_t>(h + 12);
+  c.count = get<uint32_t>(h + 16);
+  uint32_t crc = get<uint32_t>(h + 20);
+  // Check the header's own fields before trusting any length in it.
+  if (stored_len > kTraceMaxChunkBytes || raw_len > kTraceMaxChunkBytes) {
+    return corrupt(off, chunk_no, type,
+                   fmt::format("length {} / {} exceeds the {} byte limit", stored_len, raw_len,
+                               kTraceMaxChunkBytes));
+  }
+  stored.resize(stored_len);
+  ssize_t got = read_at(off + kTraceChunkHeaderSize, stored.data(), stored_len);
+  if (got < 0) {
+    return Status::from_errno(fmt::format("{}: read at byte offset {}", path, off + kTraceChunkHeaderSize));
+  }
+  if (static_cast<uint32_t>(got) < stored_len) {
+    return corrupt(off, chunk_no, type,
+                   fmt::format("torn chunk: payload has {} of {} bytes", got, stored_len));
+  }
+  uint32_t computed = crc32c_extend(crc32c(h, 20), stored.data(), stored_len);
+  if (computed != crc) {
+    return corrupt(off, chunk_no, type,
+                   fmt::format("checksum mismatch (stored {:#010x}, computed {:#010x})", crc, computed));
+  }
+  if (flags & ~kChunkFlagZstd) {
+    return corrupt(off, chunk_no, type, fmt::format("unknown flags {:#06x}", flags));
+  }
+  c.payload = stored.data();
+  if (flags & kChunkFlagZstd) {
+    if (!dctx) dctx = ZSTD_createDCtx();
+    raw.resize(raw_len);
+    size_t z = ZSTD_decompressDCtx(dctx, raw.data(), raw_len, stored.data(), stored_len);
+    if (ZSTD_isError(z)) {
+      return corrupt(off, chunk_no, type, std::string("zstd: ") + ZSTD_getErrorName(z));
+    }
+    if (z != raw_len) {
+      return corrupt(off, chunk_no, type,
+                     fmt::format("zstd payload decompressed to {} bytes, header says {}", z, raw_len));
+    }
+    c.payload = raw.data();
+  } else if (raw_len != stored_len) {
+    return corrupt(off, chunk_no, type,
+                   fmt::format("uncompressed chunk with stored length {} != raw length {}",
+                               stored_len, raw_len));
+  }
+  return Status::ok();
+}
+
+Status TraceReader::Impl::deliver(uint64_t off, uint64_t chunk_no, const Chunk& ch, TraceVisitor& v,
+                                  Status& s) {
+  const uint16_t type = ch.type;
+  const uint8_t* payload = ch.payload;
+  const uint32_t count = ch.count;
+  const uint32_t raw_len = ch.raw_len;
+  auto check_count = [&](size_t item) -> Status {
+    if (static_cast<uint64_t>(count) * item != raw_len) {
+      return corrupt(off, chunk_no, type,
+                     fmt::format("{} items of {} bytes do not fill {} bytes", count, item, raw_len));
+    }
+    return Status::ok();
+  };
+  switch (static_cast<ChunkType>(type)) {
+    case ChunkType::kMetadata: {
+      auto m = trace_metadata_from_json(std::string(reinterpret_cast<const char*>(payload), raw_len));
+      if (!m.is_ok()) return corrupt(off, chunk_no, type, m.status().message());
+      metadata.merge(m.value());
+      s = v.on_metadata(metadata);
+      break;
+    }
+    case ChunkType::kRecords: {
+      if (Status c = check_count(kRecordSize); !c.is_ok()) return c;
+      records.resize(count);
+      for (uint32_t i = 0; i < count; ++i) decode(payload + size_t{i} * kRecordSize, records[i]);
+      summary.records += count;
+      s = v.on_records(records);
+      break;
+    }
+    case ChunkType::kSyncSamples: {
+      if (Status c = check_count(kSyncSampleSize); !c.is_ok()) return c;
+      samples.resize(count);
+      for (uint32_t i = 0; i < count; ++i) decode(payload + size_t{i} * kSyncSampleSize, samples[i]);
+      s = v.on_sync_samples(samples);
+      break;
+    }
+    case ChunkType::kClockModels: {
+      if (Status c = check_count(kClockModelSize); !c.is_ok()) return c;
+      models.resize(count);
+      for (uint32_t i = 0; i < count; ++i) decode(payload + size_t{i} * kClockModelSize, models[i]);
+      s = v.on_clock_models(models);
+      break;
+    }
+    case ChunkType::kLoss: {
+      if (Status c = check_count(kLossSize); !c.is_ok()) return c;
+      losses.resize(count);
+      for (uint32_t i = 0; i < count; ++i) decode(payload + size_t{i} * kLossSize, losses[i]);
+      s = v.on_losses(losses);
+      break;
+    }
+    case ChunkType::kEnd: {
+      if (count != 1 || raw_len != kEndSize) {
+        return corrupt(off, chunk_no, type, fmt::format("end chunk of {} bytes", raw_len));
+      }
+      TraceEnd e{get<uint64_t>(payload), get<uint64_t>(payload + 8)};
+      summary.clean_end = true;
+      s = v.on_end(e);
+      break;
+    }
+    default:
+      ++summary.unknown_chunks;  // a newer writer's chunk: checksummed, skipped
+      break;
+  }
+  return Status::ok();
 }
 
 }  // namespace perfq

@@ -4,12 +4,10 @@
 #include <map>
 
 namespace perfq {
+namespace {
 
-Result<uint64_t> write_synthetic_trace(const std::string& path, const SynthTraceOptions& o,
-                                       const TraceWriterOptions& wopt) {
-  if (o.submit_to_start.empty() || o.start_to_end.empty() || o.end_to_complete.empty()) {
-    return Status(Errc::kInvalidArgument, "synthetic trace: empty latency list");
-  }
+// The two sources: the host application and the device (synth.h).
+TraceMetadata synth_metadata(const SynthTraceOptions& o) {
   TraceMetadata m;
   m.describe_this_host();
   m.options["mode"] = "synthetic";
@@ -42,7 +40,11 @@ Result<uint64_t> write_synthetic_trace(const std::string& path, const SynthTrace
                 {2, PERFQ_KIND_END, "job_end"},
                 {3, PERFQ_KIND_COUNTER, "dma_bytes"}};
   m.sources = {host, dev};
+  return m;
+}
 
+// Every job's records, in host-time order.
+std::vector<TraceRecord> synth_records(const SynthTraceOptions& o) {
   std::vector<TraceRecord> recs;
   std::map<uint32_t, uint64_t> next_index;  // (source << 16 | stream)
   auto add = [&](uint16_t source, uint16_t stream, uint32_t event, uint16_t kind, int64_t h,
@@ -93,9 +95,11 @@ Result<uint64_t> write_synthetic_trace(const std::string& path, const SynthTrace
   }
   std::stable_sort(recs.begin(), recs.end(),
                    [](const TraceRecord& a, const TraceRecord& b) { return a.time_ns < b.time_ns; });
+  return recs;
+}
 
-  auto w = TraceWriter::open(path, m, wopt);
-  if (!w.is_ok()) return w.status();
+// The device's clock model and its sync samples, spread over the recording.
+Status write_synth_sync(TraceWriter& w, const SynthTraceOptions& o) {
   const int64_t span = std::max<int64_t>(1, static_cast<int64_t>(o.jobs) * o.period_ns);
   TraceClockModel cm;
   cm.source = 1;
@@ -105,7 +109,7 @@ Result<uint64_t> write_synthetic_trace(const std::string& path, const SynthTrace
   cm.model.rate_ppb = 0;
   cm.model.uncertainty_ns = 200;
   cm.model.flags = PERFQ_SYNC_MODEL_VALID;
-  if (Status s = w->append_clock_model(cm); !s.is_ok()) return s;
+  if (Status s = w.append_clock_model(cm); !s.is_ok()) return s;
   std::vector<TraceSyncSample> samples;
   for (uint64_t k = 0; k < o.sync_samples; ++k) {
     const int64_t h = o.start_ns + span * static_cast<int64_t>(k) /
@@ -118,7 +122,21 @@ Result<uint64_t> write_synthetic_trace(const std::string& path, const SynthTrace
     s.device = {r - 5, r, r + 5, 0};
     samples.push_back(s);
   }
-  if (Status s = w->append_sync_samples(samples); !s.is_ok()) return s;
+  return w.append_sync_samples(samples);
+}
+
+}  // namespace
+
+Result<uint64_t> write_synthetic_trace(const std::string& path, const SynthTraceOptions& o,
+                                       const TraceWriterOptions& wopt) {
+  if (o.submit_to_start.empty() || o.start_to_end.empty() || o.end_to_complete.empty()) {
+    return Status(Errc::kInvalidArgument, "synthetic trace: empty latency list");
+  }
+  const TraceMetadata m = synth_metadata(o);
+  const std::vector<TraceRecord> recs = synth_records(o);
+  auto w = TraceWriter::open(path, m, wopt);
+  if (!w.is_ok()) return w.status();
+  if (Status s = write_synth_sync(*w, o); !s.is_ok()) return s;
   if (o.loss_chunk_count) {
     TraceLoss l;
     l.source = 0;
