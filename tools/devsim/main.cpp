@@ -137,121 +137,129 @@ void job_worker(DeviceStream& s, const SimClock& clock, const JobQueue& q, unsig
   }
 }
 
-int run(const Options& o) {
+SimClockConfig clock_config(const Options& o, uint64_t t_start) {
   SimClockConfig cc;
   cc.offset_ns = o.clock_offset_ns;
   cc.drift_ppm = o.clock_drift_ppm;
   cc.jitter_ns = o.clock_jitter_ns;
   cc.timer_hz = o.timer_hz;
   cc.timer_offset = o.timer_offset;
-  const uint64_t t_start = monotonic_ns();
   for (size_t i = 0; i < o.step_at.size(); ++i)
     cc.steps.push_back({t_start + static_cast<uint64_t>(o.step_at[i] * 1e9), o.step_ns[i]});
-  SimClock clock(cc);
+  return cc;
+}
 
-  Result<Region> region = Status(Errc::kInvalidArgument, "");
-  if (o.create) {
-    RegionGeometry g;
-    g.ring_capacity = o.ring_records;
-    g.device_name = o.name;
-    g.timer_hz = o.timer_hz;
-    g.features = PERFQ_FEAT_TIMER_REQRESP | PERFQ_FEAT_JOB_QUEUE | PERFQ_FEAT_DEVICE_NOW;
-    g.min_region_size = o.region_size;
-    region = Region::create(o.region, g);
-  } else {
-    region = Region::open(o.region);
-  }
-  if (!region) {
-    std::fprintf(stderr, "perfq-devsim: %s\n", region.status().message().c_str());
-    return 1;
-  }
-  const Region& r = *region;
-  if (Status s = publish_dictionary(r, kDictionary); !s) {
-    std::fprintf(stderr, "perfq-devsim: %s\n", s.message().c_str());
-    return 1;
-  }
-  auto jobq = JobQueue::format(r.app_area());
-  if (!jobq) {
-    std::fprintf(stderr, "perfq-devsim: %s\n", jobq.status().message().c_str());
-    return 1;
-  }
-  const unsigned job_workers = std::min<unsigned>(o.job_workers, jobq->channels());
+// The region of --region: created with the device's geometry (--create) or opened as it is.
+Result<Region> open_region(const Options& o) {
+  if (!o.create) return Region::open(o.region);
+  RegionGeometry g;
+  g.ring_capacity = o.ring_records;
+  g.device_name = o.name;
+  g.timer_hz = o.timer_hz;
+  g.features = PERFQ_FEAT_TIMER_REQRESP | PERFQ_FEAT_JOB_QUEUE | PERFQ_FEAT_DEVICE_NOW;
+  g.min_region_size = o.region_size;
+  return Region::create(o.region, g);
+}
 
-  // Block the stop signals in every thread; the main thread waits for them.
+int fail(const Status& s) {
+  std::fprintf(stderr, "perfq-devsim: %s\n", s.message().c_str());
+  return 1;
+}
+
+// Blocks the stop signals in this thread and every thread it starts later;
+// the main thread waits for them with sigtimedwait.
+sigset_t block_stop_signals() {
   sigset_t sigs;
   sigemptyset(&sigs);
   sigaddset(&sigs, SIGINT);
   sigaddset(&sigs, SIGTERM);
   pthread_sigmask(SIG_BLOCK, &sigs, nullptr);
+  return sigs;
+}
 
-  std::vector<std::unique_ptr<DeviceStream>> streams;
+// One queue per device thread: the synthetic workers' first, then the job workers'.
+struct Streams {
+  std::vector<std::unique_ptr<DeviceStream>> owned;
   std::vector<DeviceStream*> raw;
   std::vector<std::string> names;
-  for (unsigned i = 0; i < o.workers + job_workers; ++i) {
-    streams.push_back(std::make_unique<DeviceStream>(static_cast<uint16_t>(i), o.queue_records,
-                                                     clock));
-    raw.push_back(streams.back().get());
-    names.push_back(i < o.workers ? "worker" + std::to_string(i)
-                                  : "jobworker" + std::to_string(i - o.workers));
-  }
+};
 
-  std::atomic<bool> stop_workers{false}, stop_device{false}, stop_timer{false}, go{!o.wait_host};
-  std::atomic<uint64_t> jobs_done{0};
-  DeviceCollector collector(r, raw, clock);
-  TimerServer timer(r, clock);
-  std::thread collector_thread([&] { collector.run(stop_device); });
-  std::thread timer_thread([&] {
-    pthread_setname_np(pthread_self(), "pq-timer");
-    timer.run(stop_timer);
-  });
+Streams make_streams(const Options& o, unsigned job_workers, const SimClock& clock) {
+  Streams st;
+  for (unsigned i = 0; i < o.workers + job_workers; ++i) {
+    st.owned.push_back(
+        std::make_unique<DeviceStream>(static_cast<uint16_t>(i), o.queue_records, clock));
+    st.raw.push_back(st.owned.back().get());
+    st.names.push_back(i < o.workers ? "worker" + std::to_string(i)
+                                     : "jobworker" + std::to_string(i - o.workers));
+  }
+  return st;
+}
+
+// Starts the synthetic workers (o.rate shared among them) and the job workers.
+std::vector<std::thread> start_workers(const Options& o, const Streams& st, const SimClock& clock,
+                                       const JobQueue& jobq, unsigned job_workers,
+                                       const std::atomic<bool>& go,
+                                       const std::atomic<bool>& stop,
+                                       std::atomic<uint64_t>& jobs_done) {
   std::vector<std::thread> workers;
   const double per_worker = o.workers ? o.rate / o.workers : 0;
   for (unsigned i = 0; i < o.workers; ++i)
-    workers.emplace_back(
-        [&, i] { synthetic_worker(*raw[i], clock, per_worker, o.truth, go, stop_workers); });
-  for (unsigned j = 0; j < job_workers; ++j)
-    workers.emplace_back([&, j] {
-      job_worker(*raw[o.workers + j], clock, *jobq, j, job_workers, stop_workers, jobs_done);
+    workers.emplace_back([&st, &clock, &go, &stop, per_worker, truth = o.truth, i] {
+      synthetic_worker(*st.raw[i], clock, per_worker, truth, go, stop);
     });
+  for (unsigned j = 0; j < job_workers; ++j)
+    workers.emplace_back([&st, &clock, &jobq, &stop, &jobs_done, first = o.workers, job_workers, j] {
+      job_worker(*st.raw[first + j], clock, jobq, j, job_workers, stop, jobs_done);
+    });
+  return workers;
+}
 
-  // Everything is up: the host may use the device now.
-  set_device_state(r, PERFQ_DEVICE_RUNNING);
-  std::fprintf(stderr, "perfq-devsim: device '%s' running on %s (ring %llu records, %u workers, "
-               "%u job workers, %u job channels)\n",
-               r.device_name().c_str(), o.region.c_str(),
-               static_cast<unsigned long long>(r.ring_capacity()), o.workers, job_workers,
-               jobq->channels());
+// Whether the host has a sync round open now.
+bool round_open(const Region& r) {
+  return __atomic_load_n(&r.timer()->window, __ATOMIC_ACQUIRE) != 0;
+}
 
-  // Whether the host has a sync round open now.
-  const auto round_open = [&] { return __atomic_load_n(&r.timer()->window, __ATOMIC_ACQUIRE) != 0; };
-  // Wait for a stop signal or the end of --duration (with --wait-host, from
-  // the host's first sync round: a host that records).
+// How the run ended: the stop signal (none: not positive), when the
+// synthetic workers started (0: never), and how long it ran from then.
+struct Ending {
   int sig = 0;
-  uint64_t t_go = o.wait_host ? 0 : t_start;
+  uint64_t t_go = 0;
+  double elapsed_s = 0;
+};
+
+// Waits for a stop signal or the end of --duration (with --wait-host, from
+// the host's first sync round: a host that records, and then sets go).
+Ending wait_for_stop(const Options& o, const sigset_t& sigs, const Region& r,
+                     const TimerServer& timer, uint64_t t_start, std::atomic<bool>& go) {
+  Ending end;
+  end.t_go = o.wait_host ? 0 : t_start;
   for (;;) {
     // The timer server has answered a read: a sync round was open (the
     // window itself may open and close between two looks).
-    if (!t_go && (timer.served() > 0 || round_open())) {
-      t_go = monotonic_ns();
+    if (!end.t_go && (timer.served() > 0 || round_open(r))) {
+      end.t_go = monotonic_ns();
       go.store(true, std::memory_order_release);
       std::fprintf(stderr, "perfq-devsim: the host is recording; synthetic workers start\n");
     }
-    timespec ts{0, t_go ? 100'000'000 : 1'000'000};
-    sig = sigtimedwait(&sigs, nullptr, &ts);
-    if (sig == SIGINT || sig == SIGTERM) break;
-    if (t_go && o.duration > 0 && static_cast<double>(monotonic_ns() - t_go) >= o.duration * 1e9)
+    timespec ts{0, end.t_go ? 100'000'000 : 1'000'000};
+    end.sig = sigtimedwait(&sigs, nullptr, &ts);
+    if (end.sig == SIGINT || end.sig == SIGTERM) break;
+    if (end.t_go && o.duration > 0 &&
+        static_cast<double>(monotonic_ns() - end.t_go) >= o.duration * 1e9)
       break;
   }
-  const double elapsed = static_cast<double>(monotonic_ns() - (t_go ? t_go : t_start)) / 1e9;
-  stop_workers = true;
-  for (auto& t : workers) t.join();
-  stop_device = true;  // the collector delivers what is queued, then stops
-  collector_thread.join();
-  // The host converts a device time once a sync round after it is in its
-  // model: keep the timer register answering until the host stops asking
-  // (no round for kLingerIdleNs), at most kLingerMaxNs, so that the last
-  // records get that round instead of leaving without a bound.  A second
-  // SIGINT/SIGTERM ends it at once.
+  end.elapsed_s =
+      static_cast<double>(monotonic_ns() - (end.t_go ? end.t_go : t_start)) / 1e9;
+  return end;
+}
+
+// The host converts a device time once a sync round after it is in its
+// model: keep the timer register answering until the host stops asking
+// (no round for kLingerIdleNs), at most kLingerMaxNs, so that the last
+// records get that round instead of leaving without a bound.  A second
+// SIGINT/SIGTERM ends it at once.  Returns the seconds it lingered.
+double linger_for_host(const sigset_t& sigs, const Region& r, const TimerServer& timer) {
   constexpr uint64_t kLingerIdleNs = 300'000'000, kLingerMaxNs = 2'000'000'000;
   const uint64_t linger_from = monotonic_ns();
   uint64_t windows = timer.windows(), idle_since = linger_from;
@@ -261,43 +269,87 @@ int run(const Options& o) {
     timespec ts{0, 5'000'000};
     const int s2 = sigtimedwait(&sigs, nullptr, &ts);
     if (s2 == SIGINT || s2 == SIGTERM) break;
-    if (timer.windows() != windows || round_open()) {
+    if (timer.windows() != windows || round_open(r)) {
       windows = timer.windows();
       idle_since = monotonic_ns();
     }
   }
-  const double lingered = static_cast<double>(monotonic_ns() - linger_from) / 1e9;
-  stop_timer = true;
-  timer_thread.join();
+  return static_cast<double>(monotonic_ns() - linger_from) / 1e9;
+}
 
+// The per-stream accounting and its totals: emitted, dropped, delivered, streams.
+nlohmann::json stream_accounting(const Streams& st, const DeviceCollector& collector) {
   nlohmann::json js = nlohmann::json::array();
   uint64_t emitted = 0, dropped = 0, delivered = 0;
-  for (size_t i = 0; i < raw.size(); ++i) {
+  for (size_t i = 0; i < st.raw.size(); ++i) {
     const StreamDelivery& d = collector.delivery()[i];
-    const uint64_t e = raw[i]->emitted();
-    const uint64_t dr = raw[i]->dropped() + d.undelivered;
+    const uint64_t e = st.raw[i]->emitted();
+    const uint64_t dr = st.raw[i]->dropped() + d.undelivered;
     emitted += e;
     dropped += dr;
     delivered += d.delivered;
     js.push_back({{"stream", i},
-                  {"name", names[i]},
+                  {"name", st.names[i]},
                   {"emitted", e},
                   {"dropped", dr},
                   {"delivered", d.delivered},
                   {"lost_reported", d.lost_reported}});
   }
-  nlohmann::json out = {{"emitted", emitted},
-                        {"dropped", dropped},
-                        {"delivered", delivered},
-                        {"streams", js},
-                        {"jobs_completed", jobs_done.load()},
-                        {"duration_s", elapsed},
-                        {"waited_for_host_s", t_go ? static_cast<double>(t_go - t_start) / 1e9 : -1.0},
-                        {"region", o.region},
-                        {"ring_records", r.ring_capacity()},
-                        {"timer_reads_served", timer.served()},
-                        {"timer_lingered_s", lingered},
-                        {"signal", sig > 0 ? strsignal(sig) : "none"}};
+  return {{"emitted", emitted}, {"dropped", dropped}, {"delivered", delivered}, {"streams", js}};
+}
+
+int run(const Options& o) {
+  const uint64_t t_start = monotonic_ns();
+  SimClock clock(clock_config(o, t_start));
+
+  Result<Region> region = open_region(o);
+  if (!region) return fail(region.status());
+  const Region& r = *region;
+  if (Status s = publish_dictionary(r, kDictionary); !s) return fail(s);
+  auto jobq = JobQueue::format(r.app_area());
+  if (!jobq) return fail(jobq.status());
+  const unsigned job_workers = std::min<unsigned>(o.job_workers, jobq->channels());
+
+  const sigset_t sigs = block_stop_signals();
+  const Streams streams = make_streams(o, job_workers, clock);
+  std::atomic<bool> stop_workers{false}, stop_device{false}, stop_timer{false}, go{!o.wait_host};
+  std::atomic<uint64_t> jobs_done{0};
+  DeviceCollector collector(r, streams.raw, clock);
+  TimerServer timer(r, clock);
+  std::thread collector_thread([&] { collector.run(stop_device); });
+  std::thread timer_thread([&] {
+    pthread_setname_np(pthread_self(), "pq-timer");
+    timer.run(stop_timer);
+  });
+  std::vector<std::thread> workers =
+      start_workers(o, streams, clock, *jobq, job_workers, go, stop_workers, jobs_done);
+
+  // Everything is up: the host may use the device now.
+  set_device_state(r, PERFQ_DEVICE_RUNNING);
+  std::fprintf(stderr, "perfq-devsim: device '%s' running on %s (ring %llu records, %u workers, "
+               "%u job workers, %u job channels)\n",
+               r.device_name().c_str(), o.region.c_str(),
+               static_cast<unsigned long long>(r.ring_capacity()), o.workers, job_workers,
+               jobq->channels());
+
+  const Ending end = wait_for_stop(o, sigs, r, timer, t_start, go);
+  stop_workers = true;
+  for (auto& t : workers) t.join();
+  stop_device = true;  // the collector delivers what is queued, then stops
+  collector_thread.join();
+  const double lingered = linger_for_host(sigs, r, timer);
+  stop_timer = true;
+  timer_thread.join();
+
+  nlohmann::json out = stream_accounting(streams, collector);
+  out["jobs_completed"] = jobs_done.load();
+  out["duration_s"] = end.elapsed_s;
+  out["waited_for_host_s"] = end.t_go ? static_cast<double>(end.t_go - t_start) / 1e9 : -1.0;
+  out["region"] = o.region;
+  out["ring_records"] = r.ring_capacity();
+  out["timer_reads_served"] = timer.served();
+  out["timer_lingered_s"] = lingered;
+  out["signal"] = end.sig > 0 ? strsignal(end.sig) : "none";
   if (collector.fault()) out["fault"] = "host head: " + collector.fault().describe();
   std::printf("%s\n", out.dump().c_str());
   std::fflush(stdout);
