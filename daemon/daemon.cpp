@@ -31,7 +31,60 @@ HostAppsOptions apps_options(const DaemonConfig& c) {
   return o;
 }
 
-constexpr size_t kHostDrainPerRing = 4096;
+// A start request's kernel events (kernel_events, pids, uprobes) into `k`;
+// what is wrong with them, or "".
+std::string parse_kernel_request(const json& req, KernelEventOptions& k) {
+  if (req.contains("kernel_events")) {
+    if (!req["kernel_events"].is_string())
+      return std::string("kernel_events must be a string such as \"sched,syscalls\"");
+    if (Status s = parse_kernel_event_list(req["kernel_events"].get<std::string>(), &k); !s)
+      return s.message();
+  }
+  if (req.contains("pids")) {
+    if (!req["pids"].is_array()) return "pids must be an array of process ids";
+    for (const auto& p : req["pids"]) {
+      if (!p.is_number_unsigned() || p.get<uint64_t>() == 0 || p.get<uint64_t>() > 0x3fffffff)
+        return std::string("pids: " + p.dump() + " is not a process id");
+      k.pids.push_back(static_cast<uint32_t>(p.get<uint64_t>()));
+    }
+  }
+  if (req.contains("uprobes")) {
+    if (!req["uprobes"].is_array()) return "uprobes must be an array of PATH:SYMBOL";
+    for (const auto& u : req["uprobes"]) {
+      if (!u.is_string()) return std::string("uprobes: " + u.dump() + " is not PATH:SYMBOL");
+      if (Status s = check_uprobe_spec(u.get<std::string>()); !s) return s.message();
+      k.uprobes.push_back(u.get<std::string>());
+    }
+  }
+  if (!k.pids.empty() && !k.any())
+    return std::string("pids only tell which processes --kernel-events and --uprobe trace; "
+                 "give one of them too");
+  return {};
+}
+
+// A start request into `o` (the config's settings where it says nothing);
+// what is wrong with it, or "".
+std::string parse_start(const json& req, const DaemonConfig& c, RecordingOptions& o) {
+  if (!req.contains("output") || !req["output"].is_string())
+    return std::string("\"output\" (the trace file's absolute path) is required");
+  o.output = req["output"].get<std::string>();
+  if (o.output.empty() || o.output[0] != '/')
+    return std::string("output '" + o.output + "' must be an absolute path");
+  if (req.contains("devices")) {
+    for (const auto& d : req.at("devices")) o.devices.push_back(d.get<std::string>());
+  } else {
+    o.devices = c.devices;
+  }
+  o.sync_interval_ms = req.value("sync_interval_ms", c.sync_interval_ms);
+  if (o.sync_interval_ms < 1 || o.sync_interval_ms > 60000)
+    return "sync_interval_ms must be within 1..60000";
+  const std::string mode = req.value("sync_mode", c.sync_mode);
+  if (mode != "a" && mode != "b") return std::string("sync_mode must be \"a\" or \"b\"");
+  o.sync_mode = mode == "b" ? PERFQ_SYNC_MODE_B : PERFQ_SYNC_MODE_A;
+  o.duration_s = req.value("duration_s", 0.0);
+  if (o.duration_s < 0 || o.duration_s > 1e7) return "bad duration_s";
+  return parse_kernel_request(req, o.kernel);
+}
 
 }  // namespace
 
@@ -95,11 +148,6 @@ Status Daemon::adopt_app(UniqueFd fd, const json& hello, const Peer& peer) {
   return s;
 }
 
-void Daemon::wake_collector() {
-  { std::lock_guard lock(pass_mu_); }  // not between the collector's check and its wait
-  pass_cv_.notify_all();
-}
-
 json Daemon::handle(const json& req, const Peer& peer,
                     const std::function<void(const json&)>& progress) {
   const std::string cmd = req.value("cmd", "");
@@ -132,49 +180,7 @@ json Daemon::start(const json& req, const Peer& peer) {
   }
   const DaemonConfig c = config();
   RecordingOptions o;
-  if (!req.contains("output") || !req["output"].is_string())
-    return error("start: \"output\" (the trace file's absolute path) is required");
-  o.output = req["output"].get<std::string>();
-  if (o.output.empty() || o.output[0] != '/')
-    return error("start: output '" + o.output + "' must be an absolute path");
-  if (req.contains("devices")) {
-    for (const auto& d : req.at("devices")) o.devices.push_back(d.get<std::string>());
-  } else {
-    o.devices = c.devices;
-  }
-  o.sync_interval_ms = req.value("sync_interval_ms", c.sync_interval_ms);
-  if (o.sync_interval_ms < 1 || o.sync_interval_ms > 60000)
-    return error("start: sync_interval_ms must be within 1..60000");
-  const std::string mode = req.value("sync_mode", c.sync_mode);
-  if (mode != "a" && mode != "b") return error("start: sync_mode must be \"a\" or \"b\"");
-  o.sync_mode = mode == "b" ? PERFQ_SYNC_MODE_B : PERFQ_SYNC_MODE_A;
-  o.duration_s = req.value("duration_s", 0.0);
-  if (o.duration_s < 0 || o.duration_s > 1e7) return error("start: bad duration_s");
-  if (req.contains("kernel_events")) {
-    if (!req["kernel_events"].is_string())
-      return error("start: kernel_events must be a string such as \"sched,syscalls\"");
-    if (Status s = parse_kernel_event_list(req["kernel_events"].get<std::string>(), &o.kernel); !s)
-      return error("start: " + s.message());
-  }
-  if (req.contains("pids")) {
-    if (!req["pids"].is_array()) return error("start: pids must be an array of process ids");
-    for (const auto& p : req["pids"]) {
-      if (!p.is_number_unsigned() || p.get<uint64_t>() == 0 || p.get<uint64_t>() > 0x3fffffff)
-        return error("start: pids: " + p.dump() + " is not a process id");
-      o.kernel.pids.push_back(static_cast<uint32_t>(p.get<uint64_t>()));
-    }
-  }
-  if (req.contains("uprobes")) {
-    if (!req["uprobes"].is_array()) return error("start: uprobes must be an array of PATH:SYMBOL");
-    for (const auto& u : req["uprobes"]) {
-      if (!u.is_string()) return error("start: uprobes: " + u.dump() + " is not PATH:SYMBOL");
-      if (Status s = check_uprobe_spec(u.get<std::string>()); !s) return error("start: " + s.message());
-      o.kernel.uprobes.push_back(u.get<std::string>());
-    }
-  }
-  if (!o.kernel.pids.empty() && !o.kernel.any())
-    return error("start: pids only tell which processes --kernel-events and --uprobe trace; "
-                 "give one of them too");
+  if (std::string e = parse_start(req, c, o); !e.empty()) return error("start: " + e);
   o.ring_records = c.ring_records;
   o.device_grace_ns = static_cast<int64_t>(c.device_latency_ms) * 1'000'000;
   o.host_grace_ns = static_cast<int64_t>(c.host_latency_ms) * 1'000'000;
@@ -209,7 +215,7 @@ json Daemon::start(const json& req, const Peer& peer) {
   // pass their records to.
   apps_.set_recording(true);
   spdlog::info("recording to {} ({} device(s), sync every {} ms, mode {}{}) for {}", o.output,
-               o.devices.size(), o.sync_interval_ms, mode,
+               o.devices.size(), o.sync_interval_ms, o.sync_mode == PERFQ_SYNC_MODE_B ? "b" : "a",
                o.duration_s > 0 ? ", " + std::to_string(o.duration_s) + " s" : "",
                peer.describe());
   json devs = json::array();
@@ -408,98 +414,6 @@ json Daemon::devices(bool all) const {
   }
   reply["pci_devices"] = std::move(pci);
   return reply;
-}
-
-void Daemon::collector_sync() {
-  // Two full passes requested one after the other: the second surely began
-  // after this call (the first may have been under way already).
-  std::unique_lock lock(pass_mu_);
-  for (int i = 0; i < 2; ++i) {
-    const uint64_t target = passes_done_ + 1;
-    pass_wanted_ = true;
-    pass_cv_.notify_all();
-    if (!pass_cv_.wait_for(lock, std::chrono::seconds(5),
-                           [&] { return passes_done_ >= target && !pass_wanted_; }))
-      spdlog::warn("the host collector did not finish a pass in 5 s");
-  }
-}
-
-void Daemon::collector_main() {
-  // Back off to 2 ms sleeps, and to 10 ms once no application recorded for a
-  // quarter second (a default 64 Ki-record ring holds 10 ms at 6 M records/s).
-  Backoff busy(std::chrono::microseconds(2000), 64, std::chrono::microseconds(10000),
-               std::chrono::microseconds(250000));
-  std::map<uint16_t, TraceSource> sources;  // every source seen, for new recordings
-  std::shared_ptr<Recording> attached;      // the recording the collector last fed
-  while (!quit_) {
-    std::shared_ptr<Recording> rec;
-    {
-      std::lock_guard lock(rec_mu_);
-      rec = rec_;
-    }
-    if (rec && rec != attached) {
-      std::vector<TraceSource> all;
-      for (const auto& [id, s] : sources) all.push_back(s);
-      rec->on_host_sources(all);
-    }
-    attached = rec;
-    // A full pass (asked for by a stop) empties every ring of what it held
-    // when the pass began.
-    const bool full = pass_wanted_.exchange(false);
-    const int64_t t0 = now_ns();
-    size_t n = apps_.drain(
-        [&](uint16_t source, std::span<const perfq_record> recs) {
-          if (rec) rec->on_host_records(source, recs);
-        },
-        full ? SIZE_MAX : kHostDrainPerRing);
-    auto changed = apps_.take_changed_sources();
-    for (const auto& s : changed) sources[s.id] = s;
-    auto losses = apps_.take_losses(t0);
-    if (rec) {
-      const int64_t grace = rec->options().host_grace_ns;
-      rec->on_host_sources(changed);
-      if (!losses.empty()) rec->on_host_losses(losses);
-      rec->on_host_idle(full || n < kHostDrainPerRing ? t0 - grace : INT64_MIN);
-    }
-    rec.reset();
-    if (full) {
-      std::lock_guard lock(pass_mu_);
-      ++passes_done_;
-    }
-    pass_cv_.notify_all();
-    if (pass_wanted_.load() || n >= kHostDrainPerRing / 2) {
-      busy.reset();  // a ring is filling, or a stop waits for a full pass
-      continue;
-    }
-    if (n > 0) busy.steady();  // a trickle: take it in batches, one wakeup per 2 ms
-    // No application connected, so no ring: nothing can come until one
-    // connects, and adopt_app() wakes us then.  Sleep (a wakeup costs tens
-    // of microseconds on a VM: polling for nothing was a third of an idle
-    // daemon's CPU), with the host input suspended so that it does not hold
-    // the devices' records back meanwhile.
-    bool no_apps = false;
-    {
-      std::lock_guard lock(apps_mu_);
-      if (!apps_changed_.exchange(false) && apps_.apps() == 0 && apps_.rings() == 0) {
-        no_apps = true;
-        if (attached) attached->suspend_host_input();
-      }
-    }
-    if (no_apps) {
-      std::unique_lock lock(pass_mu_);
-      pass_cv_.wait_for(lock, std::chrono::seconds(1), [&] {
-        return pass_wanted_.load() || quit_.load() || apps_changed_.load();
-      });
-      busy.reset();
-    } else if (attached) {
-      busy.wait();
-    } else {
-      // No recording, but applications connected: drop what they write
-      // twenty times a second.
-      std::unique_lock lock(pass_mu_);
-      pass_cv_.wait_for(lock, std::chrono::milliseconds(50), [&] { return pass_wanted_.load() || quit_.load(); });
-    }
-  }
 }
 
 }  // namespace perfqd

@@ -1,19 +1,17 @@
 // One recording of the daemon: from `perfqctl start` to `perfqctl stop`.
-//
-// Threads it owns:
-//   - per device, a drain thread: polls the host copy of the ring's tail,
-//     reads and validates batches, converts device times to host time with
-//     the clock model valid at that time, and hands them to the merger;
-//   - per device, a sync thread: a sync round every sync interval
-//     (HostSync), whose samples and models go into the trace;
-//   - with kernel events, the kernel collector thread (pq-kernel): drains
-//     the BPF ring buffer into the merger as one more host input;
-//   - the writer thread: releases records from the merger behind its
-//     watermark and appends them, with metadata, sync data and losses, to
-//     the trace file.
+// This file starts, stops and reports it; each of its threads lives in a
+// file of its own (docs/architecture.md):
+//   - per device, the drain thread pq-drain (drain_thread.h) and the sync
+//     thread pq-sync (sync_thread.h), owned together by DeviceThreads
+//     (recording.cpp);
+//   - with kernel events, the kernel collector pq-kernel (kernel_collect.cpp):
+//     drains the BPF ring buffer into the merger as one more host input;
+//   - the writer thread pq-writer (writer_thread.cpp): releases records from
+//     the merger behind its watermark and appends them, with metadata, sync
+//     data and losses, to the trace file.
 // Host application records arrive from the daemon's host collector thread
-// through on_host_records() (the collector outlives recordings: applications
-// connect whenever they like).
+// pq-collect through on_host_records() (host_collect.cpp; the collector
+// outlives recordings: applications connect whenever they like).
 //
 // Threading: start() and stop() from one control thread at a time;
 // status() from any thread; on_host_* from the host collector thread only.
@@ -59,7 +57,7 @@ struct RecordingOptions {
   KernelEventOptions kernel;         // BPF host kernel events, if any
 };
 
-class DeviceRecorder;
+class DeviceThreads;
 
 class Recording {
  public:
@@ -105,7 +103,12 @@ class Recording {
 
  private:
   explicit Recording(const RecordingOptions& opts);
+  // pq-writer (writer_thread.cpp).
+  perfq::Status open_trace();
   void writer_main();
+  // pq-kernel (kernel_collect.cpp): fails only for a request at fault.
+  perfq::Status open_kernel_events();
+  void start_kernel_thread();
   void kernel_main();
   nlohmann::json kernel_status() const;
   perfq::Status write_side_queue();
@@ -115,7 +118,7 @@ class Recording {
   perfq::TraceMetadata metadata_;
   std::unique_ptr<perfq::TraceWriter> writer_;
   Merger merger_;
-  std::vector<std::unique_ptr<DeviceRecorder>> devices_;
+  std::vector<std::unique_ptr<DeviceThreads>> devices_;
   std::vector<std::string> warnings_;
 
   // Kernel events (none when not asked for or not available).

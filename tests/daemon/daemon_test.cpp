@@ -417,7 +417,7 @@ TEST_CASE("daemon: records a device dropped are counted once, as the device coun
 TEST_CASE("daemon: a writer that cannot write holds the daemon's memory to its cap, and the "
           "device counts the rest",
           "[daemon][process]") {
-  constexpr uint64_t kCap = 4u << 20;  // kMaxMergePending (recording.cpp)
+  constexpr uint64_t kCap = 4u << 20;  // kMaxMergePending (drain_thread.cpp)
   TempDir dir("daemon-backlog");
   TempShm shm("daemon-backlog");
   const std::string fifo = dir.file("backlog.fifo");

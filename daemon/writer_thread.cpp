@@ -1,0 +1,119 @@
+// pq-writer: the merge/writer thread of a recording (ARCHITECTURE.md, data
+// flow step 6).
+//
+// Releases records from the merge (merge.h) behind its watermark and
+// appends them to the trace file, together with what the other threads
+// queue for it on the side: sync samples and clock models (pq-sync),
+// losses (pq-drain, pq-kernel, pq-collect) and metadata (new sources, the
+// stop time).  A write error ends the recording: the file keeps what was
+// written before.  The file is created with the requesting user's
+// file-system identity.
+#include <sys/fsuid.h>
+#include <unistd.h>
+
+#include <spdlog/spdlog.h>
+
+#include "recording.h"
+
+namespace perfqd {
+
+using namespace perfq;
+
+namespace {
+
+constexpr size_t kWriteBatch = 65536;  // records the writer takes from the merger at a time
+
+// Open (create) the trace file with the requesting user's file-system
+// identity, so that a root daemon never writes where that user may not.
+Result<TraceWriter> open_as(const RecordingOptions& o, const TraceMetadata& meta) {
+  const bool switch_id = geteuid() == 0 && o.owner_uid != 0;
+  if (switch_id) {
+    setfsgid(o.owner_gid);
+    setfsuid(o.owner_uid);
+  }
+  auto w = TraceWriter::open(o.output, meta, o.writer);
+  if (switch_id) {
+    setfsuid(0);
+    setfsgid(0);
+  }
+  return w;
+}
+
+}  // namespace
+
+void Recording::queue_sync(std::vector<TraceSyncSample> samples, const TraceClockModel* model) {
+  std::lock_guard lock(side_mu_);
+  side_samples_.insert(side_samples_.end(), samples.begin(), samples.end());
+  if (model) side_models_.push_back(*model);
+}
+
+void Recording::queue_loss(const TraceLoss& loss) {
+  std::lock_guard lock(side_mu_);
+  side_losses_.push_back(loss);
+}
+
+void Recording::queue_metadata(const TraceMetadata& m) {
+  std::lock_guard lock(side_mu_);
+  side_metadata_.push_back(m);
+}
+
+Status Recording::write_side_queue() {
+  std::vector<TraceSyncSample> samples;
+  std::vector<TraceClockModel> models;
+  std::vector<TraceLoss> losses;
+  std::vector<TraceMetadata> metas;
+  {
+    std::lock_guard lock(side_mu_);
+    samples.swap(side_samples_);
+    models.swap(side_models_);
+    losses.swap(side_losses_);
+    metas.swap(side_metadata_);
+  }
+  for (const auto& m : metas)
+    if (Status s = writer_->append_metadata(m); !s) return s;
+  if (!samples.empty())
+    if (Status s = writer_->append_sync_samples(samples); !s) return s;
+  for (const auto& m : models)
+    if (Status s = writer_->append_clock_model(m); !s) return s;
+  for (const auto& l : losses)
+    if (Status s = writer_->append_loss(l); !s) return s;
+  return Status::ok();
+}
+
+void Recording::writer_main() {
+  std::vector<TraceRecord> out;
+  auto fail = [this](const Status& s) {
+    std::lock_guard lock(stats_mu_);
+    if (write_error_.empty()) {
+      write_error_ = s.message();
+      spdlog::error("trace {}: {}; the recording stops, the file holds what was written before",
+                    opts_.output, write_error_);
+    }
+    write_failed_ = true;
+  };
+  auto write = [&](bool all) {
+    out.clear();
+    if (all)
+      merger_.take_all(out);
+    else
+      merger_.take_ready(out, now_ns(), 50'000'000, kWriteBatch);
+    if (write_failed_) return;  // keep the merger empty; nothing more can be written
+    Status s = write_side_queue();
+    if (s && !out.empty()) s = writer_->append_records(out);
+    if (!s) return fail(s);
+    std::lock_guard lock(stats_mu_);
+    records_written_ = writer_->records_written();
+    bytes_written_ = writer_->bytes_written();
+  };
+  while (!writer_stop_) write(false);
+  write(true);
+}
+
+Status Recording::open_trace() {
+  auto w = open_as(opts_, metadata_);
+  if (!w) return w.status();
+  writer_ = std::make_unique<TraceWriter>(std::move(w.value()));
+  return Status::ok();
+}
+
+}  // namespace perfqd
