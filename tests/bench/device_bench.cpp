@@ -1,6 +1,6 @@
 // Device-side benchmarks, each beside a baseline measured in the same run:
 //
-//   BM_device_record   DeviceStream::record() (SimClock timestamp, the
+//   BM_device_record   DeviceQueue::record() (SimClock timestamp, the
 //                      worker's own queue), a DeviceCollector thread moving
 //                      the queue into a region's shared ring and a host
 //                      DeviceDrain thread emptying that ring concurrently.
@@ -74,7 +74,7 @@ BENCHMARK(BM_bare_push_rdtsc);
 void BM_device_record(benchmark::State& state) {
   HeapRegion region;
   SimClock clock({});
-  DeviceStream stream(0, kQueue, clock);
+  DeviceQueue stream(0, kQueue, clock);
   std::atomic<bool> stop_collector{false}, stop_drain{false};
   std::atomic<uint64_t> drained{0};
   std::thread host([&] {

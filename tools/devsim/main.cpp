@@ -78,7 +78,7 @@ void sleep_ns(uint64_t ns) {
 // events a second would spend the CPU the drain needs on the switches.
 constexpr double kBurst = 256;
 constexpr uint64_t kMaxNap = 1'000'000;
-void synthetic_worker(DeviceStream& s, const SimClock& clock, double rate, bool truth,
+void synthetic_worker(DeviceQueue& s, const SimClock& clock, double rate, bool truth,
                       const std::atomic<bool>& go, const std::atomic<bool>& stop) {
   if (rate <= 0) return;
   while (!go.load(std::memory_order_acquire)) {
@@ -106,7 +106,7 @@ void synthetic_worker(DeviceStream& s, const SimClock& clock, double rate, bool 
 
 // A job worker: runs the jobs of its channels (busy for the requested time)
 // and posts completions; job_start/job_end carry the correlation id.
-void job_worker(DeviceStream& s, const SimClock& clock, const JobQueue& q, unsigned index,
+void job_worker(DeviceQueue& s, const SimClock& clock, const JobQueue& q, unsigned index,
                 unsigned count, const std::atomic<bool>& stop, std::atomic<uint64_t>& done) {
   std::vector<DeviceJobChannel> mine;
   for (uint32_t c = index; c < q.channels(); c += count) mine.push_back(q.device_channel(c));
@@ -179,8 +179,8 @@ sigset_t block_stop_signals() {
 
 // One queue per device thread: the synthetic workers' first, then the job workers'.
 struct Streams {
-  std::vector<std::unique_ptr<DeviceStream>> owned;
-  std::vector<DeviceStream*> raw;
+  std::vector<std::unique_ptr<DeviceQueue>> owned;
+  std::vector<DeviceQueue*> raw;
   std::vector<std::string> names;
 };
 
@@ -188,7 +188,7 @@ Streams make_streams(const Options& o, unsigned job_workers, const SimClock& clo
   Streams st;
   for (unsigned i = 0; i < o.workers + job_workers; ++i) {
     st.owned.push_back(
-        std::make_unique<DeviceStream>(static_cast<uint16_t>(i), o.queue_records, clock));
+        std::make_unique<DeviceQueue>(static_cast<uint16_t>(i), o.queue_records, clock));
     st.raw.push_back(st.owned.back().get());
     st.names.push_back(i < o.workers ? "worker" + std::to_string(i)
                                      : "jobworker" + std::to_string(i - o.workers));

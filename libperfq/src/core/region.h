@@ -1,5 +1,5 @@
 // The shared region: create, open and validate it, and get the two ends of
-// its record ring with the mirrored control-word protocol.
+// its record ring (the shared queue) with the mirrored control-word protocol.
 //
 // The device side creates a region (Region::create / Region::format), the
 // host side opens one (Region::open / Region::attach).  Opening validates

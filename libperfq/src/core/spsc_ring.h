@@ -87,7 +87,7 @@ class SpscRingMemory {
   }
 
   // Losses are counted by the producer side only.  Release: what the
-  // producer stored about a drop before counting it (DeviceStream's drop
+  // producer stored about a drop before counting it (DeviceQueue's drop
   // time) is seen by a reader of the count (the acquire in lost()).
   void count_lost(uint64_t n = 1) const noexcept {
     store_release(&h_->lost, load_relaxed(&h_->lost) + n);

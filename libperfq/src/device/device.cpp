@@ -10,14 +10,14 @@
 
 namespace perfq {
 
-DeviceStream::DeviceStream(uint16_t stream, uint64_t queue_capacity, const DeviceClock& clock)
+DeviceQueue::DeviceQueue(uint16_t stream, uint64_t queue_capacity, const DeviceClock& clock)
     : stream_(stream),
       clock_(clock),
       ring_(queue_capacity),
       producer_(ring_.producer()),
       consumer_(ring_.consumer()) {}
 
-DeviceCollector::DeviceCollector(const Region& region, std::vector<DeviceStream*> streams,
+DeviceCollector::DeviceCollector(const Region& region, std::vector<DeviceQueue*> streams,
                                  const DeviceClock& clock, CollectorOptions opts)
     : region_(region),
       streams_(std::move(streams)),
@@ -58,7 +58,7 @@ size_t DeviceCollector::pass() {
   }
   size_t moved = 0;
   for (size_t i = 0; i < streams_.size(); ++i) {
-    DeviceStream& s = *streams_[i];
+    DeviceQueue& s = *streams_[i];
     StreamDelivery& d = delivery_[i];
     size_t room = producer_.free_slots();
     if (room == 0) break;  // keep the oldest data: stop reading the queues
@@ -101,7 +101,7 @@ size_t DeviceCollector::pass() {
 
 bool DeviceCollector::drained() const {
   for (size_t i = 0; i < streams_.size(); ++i) {
-    DeviceStream& s = *streams_[i];
+    DeviceQueue& s = *streams_[i];
     if (s.dropped() > delivery_[i].lost_reported) return false;
     if (s.consumer_.size_estimate() != 0) return false;
   }
@@ -128,7 +128,7 @@ void DeviceCollector::run(const std::atomic<bool>& stop) {
   }
   // What could not be delivered is dropped; say so in the accounting.
   for (size_t i = 0; i < streams_.size(); ++i) {
-    DeviceStream& s = *streams_[i];
+    DeviceQueue& s = *streams_[i];
     delivery_[i].undelivered = s.consumer_.size_estimate();
   }
   set_device_state(region_, PERFQ_DEVICE_STOPPED);

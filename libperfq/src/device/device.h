@@ -1,8 +1,8 @@
 // The device side: worker queues, the collector, the event dictionary.
 //
-//   device worker threads --record()--> DeviceStream (own SPSC queue, the
-//   "first queue") --DeviceCollector (one thread)--> the region's record ring
-//   --> host.
+//   device worker threads --record()--> DeviceQueue (the device queue: its
+//   own SPSC queue, the "first queue") --DeviceCollector (one thread)--> the
+//   shared queue (the region's record ring) --> host.
 //
 // A worker never blocks: a full queue drops the record and counts it; the
 // record's index (a per-stream sequence number) is consumed either way, so
@@ -31,13 +31,13 @@
 
 namespace perfq {
 
-// One device worker's queue.  record()/record_at() are called by that
+// The device queue of one device worker.  record()/record_at() are called by that
 // worker thread only; the collector is the queue's only consumer.
-class DeviceStream {
+class DeviceQueue {
  public:
-  DeviceStream(uint16_t stream, uint64_t queue_capacity, const DeviceClock& clock);
-  DeviceStream(const DeviceStream&) = delete;
-  DeviceStream& operator=(const DeviceStream&) = delete;
+  DeviceQueue(uint16_t stream, uint64_t queue_capacity, const DeviceClock& clock);
+  DeviceQueue(const DeviceQueue&) = delete;
+  DeviceQueue& operator=(const DeviceQueue&) = delete;
 
   // Stamp with the device clock D and queue; false if the queue was full.
   bool record(uint32_t event, perfq_kind kind, uint64_t arg) noexcept {
@@ -95,12 +95,12 @@ struct CollectorOptions {
   std::chrono::milliseconds shutdown_timeout{5000};     // to deliver what is queued
 };
 
-// The device collector (the "first thread").  Drains every DeviceStream into
+// The device collector (the "first thread").  Drains every DeviceQueue into
 // the region's ring through the mirrored control words.  run() belongs to one
 // thread; stats are read after it returns.
 class DeviceCollector {
  public:
-  DeviceCollector(const Region& region, std::vector<DeviceStream*> streams,
+  DeviceCollector(const Region& region, std::vector<DeviceQueue*> streams,
                   const DeviceClock& clock, CollectorOptions opts = {});
 
   // Collect until stop is set, then deliver what the workers queued (call it
@@ -123,7 +123,7 @@ class DeviceCollector {
   void poll_mailbox();
 
   const Region& region_;
-  std::vector<DeviceStream*> streams_;
+  std::vector<DeviceQueue*> streams_;
   const DeviceClock& clock_;
   CollectorOptions opts_;
   SpscProducer<perfq_record> producer_;

@@ -82,10 +82,10 @@ TEST_CASE("device: workers, collector and host drain account for every record", 
   SimClock clock({});
   const unsigned kWorkers = 3;
   const uint64_t per_worker = 300'000 / kScale;
-  std::vector<std::unique_ptr<DeviceStream>> streams;
-  std::vector<DeviceStream*> raw;
+  std::vector<std::unique_ptr<DeviceQueue>> streams;
+  std::vector<DeviceQueue*> raw;
   for (unsigned i = 0; i < kWorkers; ++i) {
-    streams.push_back(std::make_unique<DeviceStream>(i, 1024, clock));
+    streams.push_back(std::make_unique<DeviceQueue>(i, 1024, clock));
     raw.push_back(streams.back().get());
   }
   DeviceCollector collector(region, raw, clock);
@@ -153,12 +153,12 @@ TEST_CASE("device: overload keeps the oldest data and reports every loss", "[dev
   TempShm shm("dev-overload");
   Region region = make_region(shm, 64);  // a tiny shared ring
   SimClock clock({});
-  DeviceStream s0(0, 128, clock), s1(1, 128, clock);
+  DeviceQueue s0(0, 128, clock), s1(1, 128, clock);
   DeviceCollector collector(region, {&s0, &s1}, clock);
   std::atomic<bool> stop_device{false}, stop_workers{false};
   std::thread col([&] { collector.run(stop_device); });
   std::atomic<uint64_t> worker_ns{0};
-  auto work = [&](DeviceStream& s) {
+  auto work = [&](DeviceQueue& s) {
     const uint64_t t0 = monotonic_ns();
     for (uint64_t k = 0; k < 200'000 / kScale; ++k) (void)s.record(3, PERFQ_KIND_INSTANT, k);
     worker_ns.fetch_add(monotonic_ns() - t0);
@@ -185,7 +185,7 @@ TEST_CASE("device: overload keeps the oldest data and reports every loss", "[dev
   col.join();
 
   uint64_t dropped_total = 0;
-  for (DeviceStream* s : {&s0, &s1}) {
+  for (DeviceQueue* s : {&s0, &s1}) {
     const StreamAccount& a = drain.streams().at(s->id());
     const StreamDelivery& d = collector.delivery()[s->id()];
     INFO("stream " << s->id());
