@@ -19,7 +19,7 @@ struct DaemonConfig {
   std::vector<std::string> devices;  // recorded when `start` names none
   std::string group = "perfq";       // members may start and stop recordings
   std::string log_level = "info";
-  std::string log_target = "auto";   // auto | stderr | journal
+  std::string log_target = "auto";  // auto | stderr | journal
   unsigned sync_interval_ms = 100;
   std::string sync_mode = "a";
   uint64_t ring_records = 1 << 16;   // per host application thread

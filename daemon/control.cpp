@@ -9,11 +9,11 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <spdlog/spdlog.h>
 #include <cerrno>
 #include <chrono>
 #include <cstring>
 #include <filesystem>
-#include <spdlog/spdlog.h>
 #include <thread>
 
 namespace perfqd {
@@ -54,7 +54,7 @@ Peer peer_of(int fd) {
 }  // namespace
 
 Result<std::unique_ptr<ControlServer>> ControlServer::listen(const std::string& path,
-                                                            Daemon& daemon) {
+                                                             Daemon& daemon) {
   sockaddr_un addr{};
   if (path.size() >= sizeof(addr.sun_path))
     return Status(Errc::kInvalidArgument, "socket path " + path + " is too long");
@@ -70,7 +70,7 @@ Result<std::unique_ptr<ControlServer>> ControlServer::listen(const std::string& 
   UniqueFd fd(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
   if (!fd.valid()) return Status::from_errno("socket");
   // Is a daemon already there?
-  struct stat st{};
+  struct stat st {};
   if (::lstat(path.c_str(), &st) == 0) {
     if (!S_ISSOCK(st.st_mode))
       return Status(Errc::kInvalidArgument, path + " exists and is not a socket; not replacing it");
@@ -109,8 +109,8 @@ void ControlServer::accept_one() {
     return;
   }
   if (active_.load() >= kMaxConnections) {
-    send_line(conn.get(), error("too many connections (" + std::to_string(kMaxConnections) +
-                                "); try again"));
+    send_line(conn.get(),
+              error("too many connections (" + std::to_string(kMaxConnections) + "); try again"));
     return;
   }
   ++active_;
@@ -143,7 +143,7 @@ void ControlServer::serve(UniqueFd conn) {
         return;
       }
       const long n = perfq::recv_chunk(conn.get(), buf, nullptr);  // passed fds are closed
-      if (n <= 0) return;  // hung up
+      if (n <= 0) return;                                          // hung up
     }
     const std::string line = std::move(*next);
     if (line.size() > kMaxRequestBytes) {

@@ -16,8 +16,8 @@
 #include <atomic>
 #include <string>
 
-#include "daemon.h"
 #include "core/mapping.h"
+#include "daemon.h"
 #include "perfq/status.h"
 
 namespace perfqd {

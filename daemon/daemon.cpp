@@ -6,9 +6,9 @@
 #include <pwd.h>
 #include <unistd.h>
 
+#include <spdlog/spdlog.h>
 #include <algorithm>
 #include <filesystem>
-#include <spdlog/spdlog.h>
 
 #include "device/device.h"
 #include "device/device_clock.h"
@@ -21,7 +21,6 @@ using namespace perfq;
 using nlohmann::json;
 
 namespace {
-
 
 json error(const std::string& msg) { return {{"ok", false}, {"error", msg}}; }
 
@@ -57,8 +56,9 @@ std::string parse_kernel_request(const json& req, KernelEventOptions& k) {
     }
   }
   if (!k.pids.empty() && !k.any())
-    return std::string("pids only tell which processes --kernel-events and --uprobe trace; "
-                 "give one of them too");
+    return std::string(
+        "pids only tell which processes --kernel-events and --uprobe trace; "
+        "give one of them too");
   return {};
 }
 
@@ -123,7 +123,8 @@ bool Daemon::privileged(const Peer& p) const {
   if (p.cred.uid == 0 || p.cred.uid == geteuid()) return true;
   const std::string group = config().group;
   if (group.empty()) return false;
-  struct group gr{}, *found = nullptr;
+  struct group gr {
+  }, *found = nullptr;
   std::vector<char> buf(16384);
   if (getgrnam_r(group.c_str(), &gr, buf.data(), buf.size(), &found) != 0 || !found) return false;
   if (p.cred.gid == found->gr_gid) return true;
@@ -216,12 +217,14 @@ json Daemon::start(const json& req, const Peer& peer) {
   apps_.set_recording(true);
   spdlog::info("recording to {} ({} device(s), sync every {} ms, mode {}{}) for {}", o.output,
                o.devices.size(), o.sync_interval_ms, o.sync_mode == PERFQ_SYNC_MODE_B ? "b" : "a",
-               o.duration_s > 0 ? ", " + std::to_string(o.duration_s) + " s" : "",
-               peer.describe());
+               o.duration_s > 0 ? ", " + std::to_string(o.duration_s) + " s" : "", peer.describe());
   json devs = json::array();
   for (const auto& d : o.devices) devs.push_back(d);
-  json reply = {{"ok", true}, {"output", o.output}, {"devices", devs},
-                {"start_ns", r->start_ns()}, {"duration_s", o.duration_s}};
+  json reply = {{"ok", true},
+                {"output", o.output},
+                {"devices", devs},
+                {"start_ns", r->start_ns()},
+                {"duration_s", o.duration_s}};
   if (!r->warnings().empty()) reply["warnings"] = r->warnings();
   return reply;
 }
@@ -252,10 +255,9 @@ json Daemon::stop(const std::function<void(const json&)>& progress, bool automat
   }
   apps_.set_recording(false);
   collector_sync();  // no pass still holds the recording
-  const std::string reason =
-      automatic ? (rec->status().contains("error") ? "the trace file failed"
-                                                   : "its duration elapsed")
-                : "perfqctl stop";
+  const std::string reason = automatic ? (rec->status().contains("error") ? "the trace file failed"
+                                                                          : "its duration elapsed")
+                                       : "perfqctl stop";
   json j = rec->stop(progress);
   j["ok"] = true;
   j["stop_reason"] = reason;
@@ -366,9 +368,9 @@ json Daemon::devices(bool all) const {
   }
   json list = json::array();
   for (const auto& spec : specs) {
-    json d = {{"device", spec},
-              {"configured", std::find(c.devices.begin(), c.devices.end(), spec) !=
-                                 c.devices.end()}};
+    json d = {
+        {"device", spec},
+        {"configured", std::find(c.devices.begin(), c.devices.end(), spec) != c.devices.end()}};
     if (rec) {
       const auto& rd = rec->options().devices;
       d["recording"] = std::find(rd.begin(), rd.end(), spec) != rd.end();

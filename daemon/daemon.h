@@ -16,8 +16,8 @@
 #include <string>
 #include <thread>
 
-#include "config.h"
 #include "app/host_apps.h"
+#include "config.h"
 #include "core/mapping.h"
 #include "recording.h"
 
@@ -73,9 +73,9 @@ class Daemon {
   // The recording, shared with the collector thread.
   mutable std::mutex rec_mu_;
   std::shared_ptr<Recording> rec_;
-  nlohmann::json last_;           // summary of the last stopped recording
-  bool last_collected_ = true;    // a `stop` has returned it
-  std::mutex control_mu_;         // one start/stop at a time
+  nlohmann::json last_;         // summary of the last stopped recording
+  bool last_collected_ = true;  // a `stop` has returned it
+  std::mutex control_mu_;       // one start/stop at a time
 
   std::thread collector_;
   std::atomic<bool> quit_{false};

@@ -2,8 +2,8 @@
 
 #include <pthread.h>
 
-#include <algorithm>
 #include <spdlog/spdlog.h>
+#include <algorithm>
 
 #include "core/region.h"
 #include "device/device.h"
@@ -57,9 +57,10 @@ void DeviceDrainThread::open_input(const RecordingOptions& o) {
   co.stale_model_ns =
       static_cast<int64_t>(kMinModelRounds + 3) * o.sync_interval_ms * 1'000'000 + 200'000'000;
   co.on_back_step = [spec = dev_.spec()](uint16_t stream, int64_t ticks) {
-    spdlog::info("{}: the device clock went back {} ticks (stream {}): its times after that "
-                 "wait for the model to see the step",
-                 spec, ticks, stream);
+    spdlog::info(
+        "{}: the device clock went back {} ticks (stream {}): its times after that "
+        "wait for the model to see the step",
+        spec, ticks, stream);
   };
   conv_ = OnlineConverter(std::move(co));
   input_ = rec_.merger().add_input(dev_.spec(), now_ns() - o.device_grace_ns);
@@ -164,8 +165,9 @@ long DeviceDrainThread::poll_once(DeviceDrain& drain, std::vector<perfq_record>&
   const int64_t read_ns = now_ns();  // everything in batch was read before
   if (dev_.gone()) {
     // The mapping was revoked under us: what this poll read is not data.
-    set_state("gone", dev_.spec() + ": the device is gone (removed or reset); the trace "
-                                    "holds everything read before");
+    set_state("gone", dev_.spec() +
+                          ": the device is gone (removed or reset); the trace "
+                          "holds everything read before");
     return -1;
   }
   if (!n) {

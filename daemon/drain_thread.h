@@ -80,8 +80,8 @@ class DeviceDrainThread {
   std::atomic<bool> stop_{false};
 
   perfq::OnlineConverter conv_;
-  bool draining_out_ = false;      // stopping: what waits is not capped
-  StreamFrontier frontier_;         // each stream's newest converted time in a poll
+  bool draining_out_ = false;  // stopping: what waits is not capped
+  StreamFrontier frontier_;    // each stream's newest converted time in a poll
   uint64_t dropped_no_clock_ = 0;
   uint64_t before_start_ = 0;
 

@@ -11,8 +11,8 @@
 // Recording's host input.
 #include <pthread.h>
 
-#include <algorithm>
 #include <spdlog/spdlog.h>
+#include <algorithm>
 
 #include "daemon.h"
 #include "device/device.h"
@@ -122,7 +122,8 @@ void Daemon::collector_main() {
       // No recording, but applications connected: drop what they write
       // twenty times a second.
       std::unique_lock lock(pass_mu_);
-      pass_cv_.wait_for(lock, std::chrono::milliseconds(50), [&] { return pass_wanted_.load() || quit_.load(); });
+      pass_cv_.wait_for(lock, std::chrono::milliseconds(50),
+                        [&] { return pass_wanted_.load() || quit_.load(); });
     }
   }
 }

@@ -83,8 +83,9 @@ void Recording::kernel_main() {
       const uint64_t d = dropped[cpu] - dropped_seen[cpu];
       dropped_seen[cpu] = dropped[cpu];
       kernel_dropped_ += d;
-      queue_loss({PERFQ_KERNEL_SOURCE, static_cast<uint16_t>(cpu), TraceLossReason::kKernelBufferFull,
-                  d, now_ns(), cpu < last_index.size() ? last_index[cpu] : 0});
+      queue_loss({PERFQ_KERNEL_SOURCE, static_cast<uint16_t>(cpu),
+                  TraceLossReason::kKernelBufferFull, d, now_ns(),
+                  cpu < last_index.size() ? last_index[cpu] : 0});
     }
   };
   while (!kernel_stop_) pass(10);

@@ -2,14 +2,14 @@
 
 #include <unistd.h>
 
+#include <spdlog/spdlog.h>
+#include <sys/stat.h>
 #include <cerrno>
 #include <cstring>
-#include <spdlog/spdlog.h>
 #include <sstream>
-#include <sys/stat.h>
 
-#include "perfq_kevent.h"
 #include "perfq/perfq_abi.h"
+#include "perfq_kevent.h"
 
 #if PERFQ_HAVE_BPF
 #include <bpf/bpf.h>
@@ -40,7 +40,8 @@ Status parse_kernel_event_list(const std::string& list, KernelEventOptions* o) {
                     "unknown kernel event class '" + word + "' (known: sched, syscalls, all)");
     }
   }
-  if (!any) return Status(Errc::kInvalidArgument, "no kernel event class given (sched, syscalls, all)");
+  if (!any)
+    return Status(Errc::kInvalidArgument, "no kernel event class given (sched, syscalls, all)");
   return Status::ok();
 }
 
@@ -96,8 +97,8 @@ struct KernelEvents::Impl {
   kevents* skel = nullptr;
   ring_buffer* rb = nullptr;
   std::vector<bpf_link*> links;
-  std::vector<perfq_kevent> batch;          // poll()'s, in ring order
-  std::vector<uint64_t> next_index;         // per CPU stream
+  std::vector<perfq_kevent> batch;   // poll()'s, in ring order
+  std::vector<uint64_t> next_index;  // per CPU stream
   int ncpus = 1;
 
   ~Impl() {
@@ -158,14 +159,16 @@ struct KernelEvents::Impl {
     uo.retprobe = ret;
     uo.bpf_cookie = i;
     bpf_link* l = bpf_program__attach_uprobe_opts(
-        ret ? skel->progs.pq_uprobe_return : skel->progs.pq_uprobe_entry, pid, path.c_str(), 0, &uo);
+        ret ? skel->progs.pq_uprobe_return : skel->progs.pq_uprobe_entry, pid, path.c_str(), 0,
+        &uo);
     if (!l) {
       const int err = errno;
       const bool have_uprobes = ::access("/sys/bus/event_source/devices/uprobe/type", R_OK) == 0;
       if (!have_uprobes)
         return Status(Errc::kUnavailable,
                       fmt::format("uprobe '{}': this kernel has no uprobe event source "
-                                  "(/sys/bus/event_source/devices/uprobe)", spec));
+                                  "(/sys/bus/event_source/devices/uprobe)",
+                                  spec));
       if (err == ENOENT || err == ESRCH)
         return Status(Errc::kNotFound,
                       fmt::format("uprobe '{}': no function '{}' in {} (is the binary stripped?)",
@@ -177,7 +180,8 @@ struct KernelEvents::Impl {
   }
 };
 
-KernelEvents::KernelEvents(const KernelEventOptions& o) : opts_(o), impl_(std::make_unique<Impl>()) {}
+KernelEvents::KernelEvents(const KernelEventOptions& o)
+    : opts_(o), impl_(std::make_unique<Impl>()) {}
 KernelEvents::~KernelEvents() = default;
 
 Result<std::unique_ptr<KernelEvents>> KernelEvents::open(const KernelEventOptions& o) {
@@ -201,7 +205,8 @@ Result<std::unique_ptr<KernelEvents>> KernelEvents::open(const KernelEventOption
   bpf_program__set_autoload(im.skel->progs.pq_sys_exit, o.syscalls);
   bpf_program__set_autoload(im.skel->progs.pq_uprobe_entry, !o.uprobes.empty());
   bpf_program__set_autoload(im.skel->progs.pq_uprobe_return, !o.uprobes.empty());
-  if (int err = kevents__load(im.skel); err != 0) return Status(Errc::kUnavailable, why_not_loaded(err));
+  if (int err = kevents__load(im.skel); err != 0)
+    return Status(Errc::kUnavailable, why_not_loaded(err));
   im.ncpus = std::max(1, libbpf_num_possible_cpus());
   im.next_index.assign(static_cast<size_t>(im.ncpus), 0);
   for (uint32_t pid : o.pids)
@@ -225,7 +230,8 @@ Result<std::unique_ptr<KernelEvents>> KernelEvents::open(const KernelEventOption
       for (bool ret : {false, true})
         if (Status s = im.attach_uprobe(o.uprobes[i], i, ret, pid); !s) return s;
   im.rb = ring_buffer__new(bpf_map__fd(im.skel->maps.events), &Impl::on_event, &im, nullptr);
-  if (!im.rb) return Status(Errc::kUnavailable, fmt::format("BPF ring buffer: {}", std::strerror(errno)));
+  if (!im.rb)
+    return Status(Errc::kUnavailable, fmt::format("BPF ring buffer: {}", std::strerror(errno)));
   return k;
 }
 

@@ -26,10 +26,10 @@
 namespace perfqd {
 
 struct KernelEventOptions {
-  bool sched = false;     // sched_switch, sched_wakeup(_new)
-  bool syscalls = false;  // raw_syscalls sys_enter / sys_exit
-  std::vector<uint32_t> pids;         // processes traced besides the registered applications
-  std::vector<std::string> uprobes;   // "PATH:SYMBOL", entry and return events
+  bool sched = false;                // sched_switch, sched_wakeup(_new)
+  bool syscalls = false;             // raw_syscalls sys_enter / sys_exit
+  std::vector<uint32_t> pids;        // processes traced besides the registered applications
+  std::vector<std::string> uprobes;  // "PATH:SYMBOL", entry and return events
   bool any() const { return sched || syscalls || !uprobes.empty(); }
 };
 

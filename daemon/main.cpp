@@ -10,12 +10,12 @@
 #include <systemd/sd-daemon.h>
 #include <unistd.h>
 
-#include <CLI/CLI.hpp>
-#include <cstdio>
-#include <cstdlib>
 #include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/sinks/systemd_sink.h>
 #include <spdlog/spdlog.h>
+#include <CLI/CLI.hpp>
+#include <cstdio>
+#include <cstdlib>
 
 #include "config.h"
 #include "control.h"
@@ -53,8 +53,10 @@ void setup_logging(const DaemonConfig& c) {
   else
     logger = std::make_shared<spdlog::logger>(
         "perfqd", std::make_shared<spdlog::sinks::stderr_color_sink_mt>());
-  if (journal) logger->set_pattern("%v");
-  else logger->set_pattern("%Y-%m-%d %H:%M:%S.%e perfq-daemon %l: %v");
+  if (journal)
+    logger->set_pattern("%v");
+  else
+    logger->set_pattern("%Y-%m-%d %H:%M:%S.%e perfq-daemon %l: %v");
   logger->set_level(spdlog::level::from_str(c.log_level));
   logger->flush_on(spdlog::level::warn);
   spdlog::set_default_logger(logger);

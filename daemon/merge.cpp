@@ -56,11 +56,10 @@ void Merger::sort_batch(Input* in, std::vector<TraceRecord>& v) {
       const size_t lo = bounds[k];
       const size_t mid = bounds[k + 1];
       const size_t hi = k + 2 < bounds.size() ? bounds[k + 2] : mid;
-      std::merge(src->begin() + static_cast<ptrdiff_t>(lo),
-                 src->begin() + static_cast<ptrdiff_t>(mid),
-                 src->begin() + static_cast<ptrdiff_t>(mid),
-                 src->begin() + static_cast<ptrdiff_t>(hi),
-                 dst->begin() + static_cast<ptrdiff_t>(lo), earlier);
+      std::merge(
+          src->begin() + static_cast<ptrdiff_t>(lo), src->begin() + static_cast<ptrdiff_t>(mid),
+          src->begin() + static_cast<ptrdiff_t>(mid), src->begin() + static_cast<ptrdiff_t>(hi),
+          dst->begin() + static_cast<ptrdiff_t>(lo), earlier);
       bounds[w++] = lo;
     }
     bounds[w++] = n;
@@ -164,8 +163,7 @@ int64_t Merger::watermark_locked(int64_t now) const {
   return std::max(w, now - opts_.max_delay_ns);
 }
 
-size_t Merger::release_locked(std::vector<TraceRecord>& out, int64_t limit, bool all,
-                              size_t max) {
+size_t Merger::release_locked(std::vector<TraceRecord>& out, int64_t limit, bool all, size_t max) {
   auto below = [&](int64_t t) { return all || t < limit; };
   capped_ = false;
   // A min-heap of the runs whose head is below the limit, by (time, seq).
@@ -174,9 +172,7 @@ size_t Merger::release_locked(std::vector<TraceRecord>& out, int64_t limit, bool
     uint64_t seq;
     Run* run;
   };
-  auto later = [](const Head& a, const Head& b) {
-    return a.t != b.t ? a.t > b.t : a.seq > b.seq;
-  };
+  auto later = [](const Head& a, const Head& b) { return a.t != b.t ? a.t > b.t : a.seq > b.seq; };
   std::vector<Head> heap;
   for (auto& in : inputs_)
     for (auto& r : in->runs_)
@@ -252,7 +248,9 @@ size_t Merger::take_ready(std::vector<TraceRecord>& out, int64_t now, int64_t ma
   // have moved it, and a writer woken for held records would spin.
   // A take cut short by max_records continues at once.
   if (max_wait_ns > 0 && !capped_ && !kicked_ && pushed_since_take_ < opts_.wake_writer_at) {
-    const int64_t wait = pending_.load(std::memory_order_relaxed) == 0 ? std::max(max_wait_ns, opts_.idle_wait_ns) : max_wait_ns;
+    const int64_t wait = pending_.load(std::memory_order_relaxed) == 0
+                             ? std::max(max_wait_ns, opts_.idle_wait_ns)
+                             : max_wait_ns;
     wake_.wait_for(lock, std::chrono::nanoseconds(wait));
   }
   pushed_since_take_ = 0;

@@ -50,9 +50,9 @@ namespace perfqd {
 inline int64_t now_ns() { return static_cast<int64_t>(perfq::monotonic_ns()); }
 
 struct MergeOptions {
-  int64_t max_delay_ns = 2'000'000'000;       // watermark never lags more
-  int64_t stream_timeout_ns = 500'000'000;    // a silent input stops holding it
-  size_t wake_writer_at = 1 << 16;            // records pushed since the last take that wake the writer
+  int64_t max_delay_ns = 2'000'000'000;     // watermark never lags more
+  int64_t stream_timeout_ns = 500'000'000;  // a silent input stops holding it
+  size_t wake_writer_at = 1 << 16;  // records pushed since the last take that wake the writer
   // The writer's wait while nothing at all is pending (an idle recording:
   // every wakeup costs CPU), instead of take_ready()'s max_wait_ns.
   int64_t idle_wait_ns = 250'000'000;
@@ -61,10 +61,10 @@ struct MergeOptions {
 struct MergeStats {
   uint64_t pushed = 0;
   uint64_t released = 0;
-  uint64_t late = 0;       // released after a newer record had been
-  uint64_t pending = 0;    // waiting for the watermark
-  int64_t watermark = 0;   // host ns, as of the stats() call
-  std::string held_by;     // the input whose bound is the watermark ("" if none)
+  uint64_t late = 0;      // released after a newer record had been
+  uint64_t pending = 0;   // waiting for the watermark
+  int64_t watermark = 0;  // host ns, as of the stats() call
+  std::string held_by;    // the input whose bound is the watermark ("" if none)
 };
 
 class Merger {
@@ -116,8 +116,7 @@ class Merger {
 
   bool holds_back_locked(const Input& in, int64_t now) const;
   int64_t watermark_locked(int64_t now) const;
-  size_t release_locked(std::vector<perfq::TraceRecord>& out, int64_t limit, bool all,
-                        size_t max);
+  size_t release_locked(std::vector<perfq::TraceRecord>& out, int64_t limit, bool all, size_t max);
   std::vector<perfq::TraceRecord> take_spare_locked();
   static void sort_batch(Input* in, std::vector<perfq::TraceRecord>& records);
 

@@ -2,11 +2,11 @@
 
 #include <pthread.h>
 
+#include <spdlog/spdlog.h>
 #include <algorithm>
 #include <chrono>
 #include <filesystem>
 #include <map>
-#include <spdlog/spdlog.h>
 
 #include "device/device.h"
 #include "drain_thread.h"
@@ -53,7 +53,8 @@ class DeviceThreads {
         src.link = pci_link_name(*src.pci->pcie->link_current);
     }
     if (auto dict = read_dictionary(region))
-      for (const auto& e : *dict) src.events.push_back({e.event, static_cast<uint16_t>(e.kind), e.name});
+      for (const auto& e : *dict)
+        src.events.push_back({e.event, static_cast<uint16_t>(e.kind), e.name});
     return src;
   }
 
@@ -132,7 +133,8 @@ Result<OpenedDevices> open_devices(const std::vector<std::string>& specs) {
   }
   for (auto& t : d.transports) {
     auto skipped = DeviceDrain(t->region()).skip_backlog();
-    if (!skipped) return Status(skipped.status().code(), t->spec() + ": " + skipped.status().message());
+    if (!skipped)
+      return Status(skipped.status().code(), t->spec() + ": " + skipped.status().message());
     d.backlog.push_back(*skipped);
     if (*skipped)
       spdlog::info("{}: {} records published before the start discarded", t->spec(), *skipped);
@@ -186,8 +188,7 @@ Result<std::unique_ptr<Recording>> Recording::start(const RecordingOptions& o) {
 
 bool Recording::wants_stop() const {
   if (write_failed_) return true;
-  if (opts_.duration_s > 0 &&
-      now_ns() - start_ns_ >= static_cast<int64_t>(opts_.duration_s * 1e9))
+  if (opts_.duration_s > 0 && now_ns() - start_ns_ >= static_cast<int64_t>(opts_.duration_s * 1e9))
     return true;
   return false;
 }
@@ -277,9 +278,11 @@ json Recording::status() const {
     if (!write_error_.empty()) j["error"] = write_error_;
   }
   const auto ms = merger_.stats();
-  j["merge"] = {{"pending", ms.pending}, {"late", ms.late},
-                {"watermark_lag_ms", ms.watermark ? static_cast<double>(now_ns() - ms.watermark) / 1e6 : 0.0},
-                {"watermark_held_by", ms.held_by}};
+  j["merge"] = {
+      {"pending", ms.pending},
+      {"late", ms.late},
+      {"watermark_lag_ms", ms.watermark ? static_cast<double>(now_ns() - ms.watermark) / 1e6 : 0.0},
+      {"watermark_held_by", ms.held_by}};
   j["devices"] = devices;
   j["host_streams"] = host;
   j["kernel"] = kernel_status();

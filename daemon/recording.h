@@ -44,17 +44,17 @@ struct RecordingOptions {
   std::vector<std::string> devices;  // transport specs
   unsigned sync_interval_ms = 100;
   perfq_sync_mode sync_mode = PERFQ_SYNC_MODE_A;
-  double duration_s = 0;             // 0: until stopped
-  uint64_t ring_records = 0;         // host app ring size in use (for the metadata)
+  double duration_s = 0;                  // 0: until stopped
+  uint64_t ring_records = 0;              // host app ring size in use (for the metadata)
   int64_t device_grace_ns = 100'000'000;  // device records may trail the drain by this
   int64_t host_grace_ns = 10'000'000;     // host records may trail the collector by this
   MergeOptions merge;
   perfq::TraceWriterOptions writer;
-  uid_t owner_uid = 0;               // the trace file is created as this user
+  uid_t owner_uid = 0;  // the trace file is created as this user
   gid_t owner_gid = 0;
-  std::string requested_by;          // "uid 1000 (pid 42)"
+  std::string requested_by;               // "uid 1000 (pid 42)"
   std::string recorder = "perfq-daemon";  // who records (trace metadata)
-  KernelEventOptions kernel;         // BPF host kernel events, if any
+  KernelEventOptions kernel;              // BPF host kernel events, if any
 };
 
 class DeviceThreads;

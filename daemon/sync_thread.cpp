@@ -2,8 +2,8 @@
 
 #include <pthread.h>
 
-#include <algorithm>
 #include <spdlog/spdlog.h>
+#include <algorithm>
 
 #include "device/timer.h"
 #include "sync/sync.h"
@@ -120,8 +120,7 @@ void DeviceSyncThread::failed_round(const Status& s) {
   last_error_ = s.message();
   // The first failure, then one line per 100 (never a line per round).
   if (failed_rounds_ % 100 == 1)
-    spdlog::warn("{}: sync round failed ({} so far): {}", dev_.spec(), failed_rounds_,
-                 last_error_);
+    spdlog::warn("{}: sync round failed ({} so far): {}", dev_.spec(), failed_rounds_, last_error_);
 }
 
 // Until the model has its first rounds, nothing of the device can be
@@ -171,8 +170,7 @@ void DeviceSyncThread::run() {
 
 bool DeviceSyncThread::cover(const std::function<bool(const ConversionModel&)>& covers) {
   // This thread's HostSync, once the thread is done with it.
-  for (int i = 0; i < 400 && !done_; ++i)
-    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  for (int i = 0; i < 400 && !done_; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(5));
   if (!done_) return false;
   const int64_t until = now_ns() + 1'000'000'000;
   while (now_ns() < until && !dev_.gone()) {

@@ -82,8 +82,8 @@ class Child {
  public:
   explicit Child(std::vector<std::string> argv) : argv_(std::move(argv)) {
     static std::atomic<int> counter{0};
-    const std::string base = "/tmp/perfq-test-child-" + std::to_string(getpid()) + "-" +
-                             std::to_string(counter++);
+    const std::string base =
+        "/tmp/perfq-test-child-" + std::to_string(getpid()) + "-" + std::to_string(counter++);
     out_path_ = base + ".out";
     err_path_ = base + ".err";
     posix_spawn_file_actions_t fa;

@@ -25,12 +25,12 @@
 #include <thread>
 #include <vector>
 
+#include "bare_ring.h"
+#include "core/region.h"
+#include "core/spsc_ring.h"
 #include "device/device.h"
 #include "device/device_clock.h"
 #include "host/drain.h"
-#include "core/region.h"
-#include "core/spsc_ring.h"
-#include "bare_ring.h"
 
 namespace perfq {
 namespace {

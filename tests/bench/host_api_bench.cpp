@@ -32,12 +32,12 @@
 #include <thread>
 #include <vector>
 
-#include "device/device_clock.h"
 #include "app/host_apps.h"
 #include "app/host_clock.h"
-#include "perfq/perfq.h"
-#include "core/spsc_ring.h"
 #include "bare_ring.h"
+#include "core/spsc_ring.h"
+#include "device/device_clock.h"
+#include "perfq/perfq.h"
 
 namespace perfq {
 namespace {
@@ -265,8 +265,8 @@ int run(int argc, char** argv) {
       {"bare_push_rdtsc_ns", "bare_push_ns", ns("BM_bare_push_rdtsc"), ns("BM_bare_push")},
   };
   nlohmann::json j = nlohmann::json::array();
-  std::printf("\n%-28s %10s %-10s %-14s %10s %8s\n", "figure (median)", "value", "unit",
-              "baseline", "baseline", "ratio");
+  std::printf("\n%-28s %10s %-10s %-14s %10s %8s\n", "figure (median)", "value", "unit", "baseline",
+              "baseline", "ratio");
   for (const auto& f : figs) {
     const double ratio = f.baseline > 0 ? f.value / f.baseline : 0;
     std::printf("%-28s %10.2f %-10s %-14s %10.2f %8.2f\n", f.name, f.value, "ns/record",

@@ -12,8 +12,7 @@
 
 #include <lttng/tracepoint.h>
 
-TRACEPOINT_EVENT(perfq_bench, instant,
-                 TP_ARGS(uint32_t, event, uint16_t, stream, uint64_t, arg),
+TRACEPOINT_EVENT(perfq_bench, instant, TP_ARGS(uint32_t, event, uint16_t, stream, uint64_t, arg),
                  TP_FIELDS(ctf_integer(uint32_t, event, event) ctf_integer(uint16_t, stream, stream)
                                ctf_integer(uint64_t, arg, arg)))
 

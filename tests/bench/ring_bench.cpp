@@ -194,12 +194,12 @@ int run(int argc, char** argv) {
        m["BM_bare_copy"]},
   };
   nlohmann::json j = nlohmann::json::array();
-  std::printf("\n%-26s %14s %-10s %-24s %14s %8s\n", "figure (median)", "value", "unit",
-              "baseline", "baseline", "ratio");
+  std::printf("\n%-26s %14s %-10s %-24s %14s %8s\n", "figure (median)", "value", "unit", "baseline",
+              "baseline", "ratio");
   for (const auto& f : figs) {
     double ratio = f.baseline > 0 ? f.value / f.baseline : 0;
-    std::printf("%-26s %14.3f %-10s %-24s %14.3f %8.2f\n", f.name.c_str(), f.value,
-                f.unit.c_str(), f.baseline_name.c_str(), f.baseline, ratio);
+    std::printf("%-26s %14.3f %-10s %-24s %14.3f %8.2f\n", f.name.c_str(), f.value, f.unit.c_str(),
+                f.baseline_name.c_str(), f.baseline, ratio);
     j.push_back({{"name", f.name},
                  {"value", f.value},
                  {"unit", f.unit},

@@ -22,10 +22,10 @@
 
 #include "device/device.h"
 #include "device/device_clock.h"
-#include "host/host_sync.h"
 #include "device/timer.h"
-#include "perfq/perfq.h"
+#include "host/host_sync.h"
 #include "host/transport.h"
+#include "perfq/perfq.h"
 
 namespace perfq {
 namespace {
@@ -106,7 +106,8 @@ int cmd_compute(int argc, char** argv) {
   std::printf(
       "{\"chunks\":%llu,\"chunks_per_cpu_s\":%.1f,\"chunks_per_wall_s\":%.1f,\"events_per_s\":%.1f,"
       "\"recorded\":%llu,\"lost\":%llu,\"dropped\":%llu,\"x\":%llu}\n",
-      static_cast<unsigned long long>(chunks), static_cast<double>(chunks) * 1e9 / static_cast<double>(cpu),
+      static_cast<unsigned long long>(chunks),
+      static_cast<double>(chunks) * 1e9 / static_cast<double>(cpu),
       static_cast<double>(chunks) * 1e9 / static_cast<double>(wall),
       trace ? static_cast<double>(chunks) * 1e9 / static_cast<double>(wall) : 0.0,
       static_cast<unsigned long long>(st.recorded), static_cast<unsigned long long>(st.lost),

@@ -24,11 +24,11 @@
 #include <thread>
 
 #include "device/device_clock.h"
-#include "perfq/pci.h"
-#include "kernel_events.h"
-#include "perfq_kevent.h"
 #include "device/timer.h"
+#include "kernel_events.h"
+#include "perfq/pci.h"
 #include "perfq/trace.h"
+#include "perfq_kevent.h"
 #include "test_util.h"
 
 namespace perfq {
@@ -58,8 +58,9 @@ struct Daemon {
   std::unique_ptr<Child> proc;
   Daemon(const TempDir& dir, std::vector<std::string> extra = {}) {
     socket = dir.file("perfqd.sock");
-    std::vector<std::string> argv = {kBin + "/perfq-daemon", "--socket", socket, "--config",
-                                     "/dev/null", "--log-level", "debug"};
+    std::vector<std::string> argv = {
+        kBin + "/perfq-daemon", "--socket", socket, "--config", "/dev/null",
+        "--log-level",          "debug"};
     if (kSlow > 1) {
       // Sanitizer builds run several times slower: give late records time.
       for (const char* o : {"--device-latency-ms", "--host-latency-ms"}) {
@@ -224,11 +225,12 @@ TEST_CASE("daemon: devsim, daemon and a multi-threaded demo app make one ordered
   TempDir dir("daemon-e2e");
   TempShm shm("daemon-e2e");
   const std::string trace = dir.file("e2e.trace");
-  Child dev({kBin + "/perfq-devsim", "--region", shm.path(), "--create", "--workers", "2",
-             "--rate", "5000", "--job-workers", "2", "--duration", std::to_string(4 * kSlow),
+  Child dev({kBin + "/perfq-devsim", "--region", shm.path(), "--create", "--workers", "2", "--rate",
+             "5000", "--job-workers", "2", "--duration", std::to_string(4 * kSlow),
              "--clock-offset-ns", "-7000000000", "--clock-drift-ppm", "30", "--wait-host"});
   REQUIRE(dev.started());
-  REQUIRE(wait_for([&] { return access(shm.path().c_str(), F_OK) == 0; }, std::chrono::seconds(10)));
+  REQUIRE(
+      wait_for([&] { return access(shm.path().c_str(), F_OK) == 0; }, std::chrono::seconds(10)));
   Daemon d(dir);
   auto st = ctl(d, {"start", "-o", trace, "--device", "shm:" + shm.path()});
   INFO("start: " << st->out() << st->err());
@@ -276,17 +278,20 @@ TEST_CASE("daemon: devsim, daemon and a multi-threaded demo app make one ordered
   for (const auto& r : t.records) {
     if (r.time_ns < prev) {
       ++out_of_order;
-      disorder += "source " + std::to_string(r.source) + " stream " +
-                  std::to_string(r.rec.stream) + " index " + std::to_string(r.rec.index) +
-                  " at " + std::to_string(r.time_ns) + " after " + std::to_string(prev) + "; ";
+      disorder += "source " + std::to_string(r.source) + " stream " + std::to_string(r.rec.stream) +
+                  " index " + std::to_string(r.rec.index) + " at " + std::to_string(r.time_ns) +
+                  " after " + std::to_string(prev) + "; ";
     }
     prev = r.time_ns;
     const TraceSource* s = t.meta.find_source(r.source);
     REQUIRE(s);
     (s->kind == TraceSourceKind::kDevice ? device : host)++;
     const std::string name = t.event_name(r);
-    const int role = name == "job_submit" ? 0 : name == "job_start" ? 1 : name == "job_end" ? 2
-                     : name == "job_complete" ? 3 : -1;
+    const int role = name == "job_submit"     ? 0
+                     : name == "job_start"    ? 1
+                     : name == "job_end"      ? 2
+                     : name == "job_complete" ? 3
+                                              : -1;
     if (role >= 0) {
       auto [it, fresh] = jobs.try_emplace(r.rec.arg, std::array<int64_t, 4>{-1, -1, -1, -1});
       it->second[static_cast<size_t>(role)] = r.time_ns;
@@ -341,7 +346,7 @@ TEST_CASE("daemon: devsim, daemon and a multi-threaded demo app make one ordered
   // builds, claims more than the smallest gaps: inversions within the claim
   // are then expected, and the claim is the check.
   INFO("violations within the models' uncertainty: " << violations << " of " << jobs.size()
-       << " jobs (tolerance " << tolerance << " ns)");
+                                                     << " jobs (tolerance " << tolerance << " ns)");
   if (kSlow == 1 && tolerance <= 1000) CHECK(violations * 100 <= jobs.size());
 
   // The report agrees.
@@ -362,10 +367,11 @@ TEST_CASE("daemon: records a device dropped are counted once, as the device coun
   TempShm shm("daemon-drops");
   const std::string trace = dir.file("drops.trace");
   Child dev({kBin + "/perfq-devsim", "--region", shm.path(), "--create", "--ring-records", "64",
-             "--queue-records", "256", "--workers", "2", "--job-workers", "0", "--rate",
-             "400000", "--duration", std::to_string(2 * kSlow), "--wait-host"});
+             "--queue-records", "256", "--workers", "2", "--job-workers", "0", "--rate", "400000",
+             "--duration", std::to_string(2 * kSlow), "--wait-host"});
   REQUIRE(dev.started());
-  REQUIRE(wait_for([&] { return access(shm.path().c_str(), F_OK) == 0; }, std::chrono::seconds(10)));
+  REQUIRE(
+      wait_for([&] { return access(shm.path().c_str(), F_OK) == 0; }, std::chrono::seconds(10)));
   Daemon d(dir);
   auto st = ctl(d, {"start", "-o", trace, "--device", "shm:" + shm.path()});
   INFO("start: " << st->out() << st->err());
@@ -414,9 +420,10 @@ TEST_CASE("daemon: records a device dropped are counted once, as the device coun
 // leaves the rest in the device's ring, whose overflow the device counts,
 // and once the writer goes on, the trace holds every record the device did
 // not drop, and the daemon counts those as lost.
-TEST_CASE("daemon: a writer that cannot write holds the daemon's memory to its cap, and the "
-          "device counts the rest",
-          "[daemon][process]") {
+TEST_CASE(
+    "daemon: a writer that cannot write holds the daemon's memory to its cap, and the "
+    "device counts the rest",
+    "[daemon][process]") {
   constexpr uint64_t kCap = 4u << 20;  // kMaxMergePending (drain_thread.cpp)
   TempDir dir("daemon-backlog");
   TempShm shm("daemon-backlog");
@@ -659,9 +666,10 @@ TEST_CASE("daemon: the control socket obeys only root and its group, and survive
   TempDir dir("daemon-socket");
   ::chmod(dir.file("").c_str(), 0777);  // the test user reaches the socket and writes the trace
   TempShm shm("daemon-socket");
-  Child dev({kBin + "/perfq-devsim", "--region", shm.path(), "--create", "--workers", "1",
-             "--rate", "2000", "--job-workers", "0"});
-  REQUIRE(wait_for([&] { return access(shm.path().c_str(), F_OK) == 0; }, std::chrono::seconds(10)));
+  Child dev({kBin + "/perfq-devsim", "--region", shm.path(), "--create", "--workers", "1", "--rate",
+             "2000", "--job-workers", "0"});
+  REQUIRE(
+      wait_for([&] { return access(shm.path().c_str(), F_OK) == 0; }, std::chrono::seconds(10)));
   Daemon d(dir, {"--group", user.gname, "--device", "shm:" + shm.path()});
   const std::string trace = dir.file("sock.trace");
 
@@ -686,7 +694,7 @@ TEST_CASE("daemon: the control socket obeys only root and its group, and survive
     auto stop = ctl(d, {"stop"}, user.as_user(true));
     INFO(stop->err());
     REQUIRE(stop->exit_code() == 0);
-    struct stat st{};
+    struct stat st {};
     REQUIRE(::stat(trace.c_str(), &st) == 0);
     CHECK(st.st_uid == user.uid);
   }
@@ -734,9 +742,10 @@ TEST_CASE("daemon: SIGTERM during a recording leaves a complete, readable trace"
   TempDir dir("daemon-term");
   TempShm shm("daemon-term");
   const std::string trace = dir.file("term.trace");
-  Child dev({kBin + "/perfq-devsim", "--region", shm.path(), "--create", "--workers", "2",
-             "--rate", "20000"});
-  REQUIRE(wait_for([&] { return access(shm.path().c_str(), F_OK) == 0; }, std::chrono::seconds(10)));
+  Child dev({kBin + "/perfq-devsim", "--region", shm.path(), "--create", "--workers", "2", "--rate",
+             "20000"});
+  REQUIRE(
+      wait_for([&] { return access(shm.path().c_str(), F_OK) == 0; }, std::chrono::seconds(10)));
   Daemon d(dir);
   REQUIRE(ctl(d, {"start", "-o", trace, "--device", "shm:" + shm.path()})->exit_code() == 0);
   REQUIRE(wait_for(
@@ -863,8 +872,7 @@ TEST_CASE("daemon: a recording with a duration ends by itself, and perfqctl star
   const std::string trace = dir.file("dur.trace");
   const auto t0 = std::chrono::steady_clock::now();
   auto st = ctl(d, {"start", "-o", trace, "--duration", "1", "--json"});
-  const double secs =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   INFO("start: " << st->out() << st->err());
   REQUIRE(st->exit_code() == 0);
   CHECK(secs >= 1.0);
@@ -893,15 +901,16 @@ TEST_CASE("daemon: a recording with a duration ends by itself, and perfqctl star
 // recording (status text and JSON, the stop summary, report text and JSON,
 // with and without --resync) must state it with devsim's signs; a second
 // recording on the same running device must hold only its own interval.
-TEST_CASE("daemon: every figure states the device clock as devsim set it, and a later recording "
-          "holds only its own time and losses",
-          "[daemon][process][sync]") {
+TEST_CASE(
+    "daemon: every figure states the device clock as devsim set it, and a later recording "
+    "holds only its own time and losses",
+    "[daemon][process][sync]") {
   TempDir dir("daemon-truth");
   TempShm shm("daemon-truth");
   const double offset_ns = 2'570'000'000, ppm = 40;
-  Child dev({kBin + "/perfq-devsim", "--region", shm.path(), "--create", "--workers", "2",
-             "--rate", "10000", "--job-workers", "0", "--clock-offset-ns", "2570000000",
-             "--clock-drift-ppm", "40", "--duration", std::to_string(60 * kSlow)});
+  Child dev({kBin + "/perfq-devsim", "--region", shm.path(), "--create", "--workers", "2", "--rate",
+             "10000", "--job-workers", "0", "--clock-offset-ns", "2570000000", "--clock-drift-ppm",
+             "40", "--duration", std::to_string(60 * kSlow)});
   REQUIRE(dev.started());
   REQUIRE(wait_for([&] { return dev.err().find("running on") != std::string::npos; },
                    std::chrono::seconds(static_cast<int>(10 * kSlow))));
@@ -1026,10 +1035,28 @@ TEST_CASE("daemon: device times around a clock step lie within their claims",
   TempDir dir("daemon-step");
   TempShm shm("daemon-step");
   const std::string trace = dir.file("step.trace");
-  Child dev({kBin + "/perfq-devsim", "--region", shm.path(), "--create", "--truth", "--workers",
-             "2", "--rate", "20000", "--job-workers", "0", "--clock-offset-ns", "-123456789",
-             "--clock-drift-ppm", "35", "--clock-step-at", "2", "--clock-step-ns", step,
-             "--duration", std::to_string(4 * kSlow), "--wait-host"});
+  Child dev({kBin + "/perfq-devsim",
+             "--region",
+             shm.path(),
+             "--create",
+             "--truth",
+             "--workers",
+             "2",
+             "--rate",
+             "20000",
+             "--job-workers",
+             "0",
+             "--clock-offset-ns",
+             "-123456789",
+             "--clock-drift-ppm",
+             "35",
+             "--clock-step-at",
+             "2",
+             "--clock-step-ns",
+             step,
+             "--duration",
+             std::to_string(4 * kSlow),
+             "--wait-host"});
   REQUIRE(dev.started());
   REQUIRE(wait_for([&] { return dev.err().find("running on") != std::string::npos; },
                    std::chrono::seconds(static_cast<int>(10 * kSlow))));
@@ -1064,8 +1091,10 @@ TEST_CASE("daemon: device times around a clock step lie within their claims",
     }
     // Forced: waited 2 s for rounds a loaded machine kept loose, then
     // converted with the model there was, claiming what it claims there.
-    if (r.conv == TraceConversion::kForced) ++forced;
-    else if (claim > 20'000) ++loose;
+    if (r.conv == TraceConversion::kForced)
+      ++forced;
+    else if (claim > 20'000)
+      ++loose;
   }
   INFO("ticks " << ticks << ", beyond their claim " << beyond << " (worst " << worst
                 << " ns off claiming " << worst_claim << " ns, at true time " << worst_truth
@@ -1086,8 +1115,8 @@ TEST_CASE("daemon: a device has one consumer at a time, and the refusal names th
           "[daemon][process]") {
   TempDir dir("daemon-claim");
   TempShm shm("daemon-claim");
-  Child dev({kBin + "/perfq-devsim", "--region", shm.path(), "--create", "--workers", "1",
-             "--rate", "2000", "--job-workers", "0"});
+  Child dev({kBin + "/perfq-devsim", "--region", shm.path(), "--create", "--workers", "1", "--rate",
+             "2000", "--job-workers", "0"});
   REQUIRE(dev.started());
   REQUIRE(wait_for([&] { return dev.err().find("running on") != std::string::npos; },
                    std::chrono::seconds(static_cast<int>(10 * kSlow))));
@@ -1174,25 +1203,28 @@ std::map<uint32_t, uint16_t> app_threads(const TraceContent& t, uint16_t* app_so
   return out;
 }
 
-TEST_CASE("daemon: kernel events line up with a traced app's own records, and a uprobe counts "
-          "every call",
-          "[daemon][process][bpf]") {
+TEST_CASE(
+    "daemon: kernel events line up with a traced app's own records, and a uprobe counts "
+    "every call",
+    "[daemon][process][bpf]") {
   if (geteuid() != 0) {
     WARN("not root: BPF kernel events cannot be loaded here; test skipped");
     return;
   }
   if (!perfqd::kernel_events_built()) {
-    WARN("perfq-daemon was built without kernel events (no clang, bpftool, libbpf or kernel "
-         "BTF at build time): test skipped");
+    WARN(
+        "perfq-daemon was built without kernel events (no clang, bpftool, libbpf or kernel "
+        "BTF at build time): test skipped");
     return;
   }
   TempDir dir("daemon-kev");
   TempShm shm("daemon-kev");
   const std::string trace = dir.file("kev.trace");
-  Child dev({kBin + "/perfq-devsim", "--region", shm.path(), "--create", "--workers", "1",
-             "--rate", "1000", "--job-workers", "2"});
+  Child dev({kBin + "/perfq-devsim", "--region", shm.path(), "--create", "--workers", "1", "--rate",
+             "1000", "--job-workers", "2"});
   REQUIRE(dev.started());
-  REQUIRE(wait_for([&] { return access(shm.path().c_str(), F_OK) == 0; }, std::chrono::seconds(10)));
+  REQUIRE(
+      wait_for([&] { return access(shm.path().c_str(), F_OK) == 0; }, std::chrono::seconds(10)));
   Daemon d(dir);
   const std::string demo = kBin + "/perfq-demo-app";
   auto st = ctl(d, {"start", "-o", trace, "--device", "shm:" + shm.path(), "--kernel-events",
@@ -1320,9 +1352,8 @@ TEST_CASE("daemon: kernel events line up with a traced app's own records, and a 
           if (!out) break;
           ++in_interval;
           if (interval_example.size() < 400)
-            interval_example += "tid " + std::to_string(tid) + " at " + std::to_string(e.t) +
-                                ", " + std::to_string(e.t - out_at) +
-                                " ns after it was switched out; ";
+            interval_example += "tid " + std::to_string(tid) + " at " + std::to_string(e.t) + ", " +
+                                std::to_string(e.t - out_at) + " ns after it was switched out; ";
       }
     }
     if (out) end_interval(false);
@@ -1400,7 +1431,8 @@ TEST_CASE("daemon: an unprivileged daemon reports what kernel events need and re
   REQUIRE(st->exit_code() == 0);
   CHECK(st->err().find("CAP_BPF") != std::string::npos);
   constexpr int kThreads = 2, kN = 5000;
-  Child app({kBin + "/perfq_test_app", socket, "record", std::to_string(kThreads), std::to_string(kN)});
+  Child app(
+      {kBin + "/perfq_test_app", socket, "record", std::to_string(kThreads), std::to_string(kN)});
   REQUIRE(app.wait(std::chrono::seconds(static_cast<int>(60 * kSlow))));
   REQUIRE(app.exit_code() == 0);
   auto status = ctl_at(socket, {"status", "--json"});

@@ -5,8 +5,8 @@
 #include <catch2/catch.hpp>
 #include <thread>
 
-#include "merge.h"
 #include "device/device_clock.h"
+#include "merge.h"
 
 namespace perfqd {
 namespace {
@@ -278,8 +278,9 @@ TEST_CASE("merge: the stats name the input that holds the watermark", "[merge][d
 // ring filled as a device's collector fills it, read in full batches of
 // several sizes: no record still to be read is below a bound already given
 // (it would be late), and the bound keeps up.
-TEST_CASE("merge: a reader behind a ring of interleaved streams promises no record it has yet to read",
-          "[merge][daemon]") {
+TEST_CASE(
+    "merge: a reader behind a ring of interleaved streams promises no record it has yet to read",
+    "[merge][daemon]") {
   // Each collector pass (every kPass ns) moves 1 to 7 records of each of 6
   // streams, in time order: what streams 0-4 wrote during that pass, and
   // what stream 5 wrote 10 passes earlier (its queue holds a backlog: the
@@ -314,8 +315,9 @@ TEST_CASE("merge: a reader behind a ring of interleaved streams promises no reco
       CHECK(b != INT64_MIN);
       promised = std::max(promised, b);
       for (size_t i = end; i < ring.size(); ++i)
-        if (ring[i].t < promised) FAIL("record at " << ring[i].t << " of stream " << ring[i].stream
-                                       << " is below the bound " << promised);
+        if (ring[i].t < promised)
+          FAIL("record at " << ring[i].t << " of stream " << ring[i].stream
+                            << " is below the bound " << promised);
     }
     // The bound keeps up with the slowest stream.
     CHECK(promised >= ring.back().t - 2 * grace);

@@ -8,10 +8,10 @@
 #include <set>
 #include <thread>
 
+#include "core/region.h"
 #include "device/device.h"
 #include "device/device_clock.h"
 #include "host/drain.h"
-#include "core/region.h"
 #include "host/transport.h"
 #include "test_util.h"
 
@@ -78,8 +78,8 @@ nlohmann::json finish(Child& dev) {
 TEST_CASE("devsim: at a moderate rate every emitted record arrives in order", "[devsim][process]") {
   TempShm shm("devsim-ok");
   const auto rate = static_cast<uint64_t>(40000 * kRateScale);
-  Child dev({kBin + "/perfq-devsim", "--region", shm.path(), "--create", "--workers", "3",
-             "--rate", std::to_string(rate), "--duration", "1.5"});
+  Child dev({kBin + "/perfq-devsim", "--region", shm.path(), "--create", "--workers", "3", "--rate",
+             std::to_string(rate), "--duration", "1.5"});
   REQUIRE(dev.started());
   Region region = wait_for_region(shm.path(), dev);
   Drained d = drain_all(region, dev);
@@ -237,8 +237,8 @@ TEST_CASE("devsim: with --wait-host the workers emit only once the host opens a 
           "[devsim][process]") {
   TempShm shm("devsim-wait");
   const auto rate = static_cast<uint64_t>(20000 * kRateScale);
-  Child dev({kBin + "/perfq-devsim", "--region", shm.path(), "--create", "--workers", "2",
-             "--rate", std::to_string(rate), "--duration", "0.5", "--wait-host"});
+  Child dev({kBin + "/perfq-devsim", "--region", shm.path(), "--create", "--workers", "2", "--rate",
+             std::to_string(rate), "--duration", "0.5", "--wait-host"});
   REQUIRE(dev.started());
   Region region = wait_for_region(shm.path(), dev);
   // No host yet: at this rate a worker that did not wait would have
@@ -300,7 +300,7 @@ TEST_CASE("devsim + demo-app: every job runs once with its start/end pair on the
   CHECK(devjs["jobs_completed"] == jobs);
   CHECK(devjs["dropped"] == 0);
 
-  std::map<uint64_t, std::pair<int, int>> seen;      // corr id -> (starts, ends)
+  std::map<uint64_t, std::pair<int, int>> seen;            // corr id -> (starts, ends)
   std::map<uint64_t, std::pair<uint64_t, uint64_t>> span;  // corr id -> (start, end)
   for (const auto& r : recs) {
     if (r.event == 1) {
@@ -329,15 +329,14 @@ TEST_CASE("devsim: bad arguments are refused with a message", "[devsim][process]
     CHECK(dev.err().find(shm.path()) != std::string::npos);
   }
   SECTION("ring not a power of two") {
-    Child dev({kBin + "/perfq-devsim", "--region", shm.path(), "--create", "--ring-records",
-               "1000"});
+    Child dev(
+        {kBin + "/perfq-devsim", "--region", shm.path(), "--create", "--ring-records", "1000"});
     REQUIRE(dev.wait(std::chrono::seconds(10)));
     CHECK(dev.exit_code() == 1);
     CHECK(dev.err().find("power of two") != std::string::npos);
   }
   SECTION("unpaired clock step") {
-    Child dev({kBin + "/perfq-devsim", "--region", shm.path(), "--create", "--clock-step-at",
-               "1"});
+    Child dev({kBin + "/perfq-devsim", "--region", shm.path(), "--create", "--clock-step-at", "1"});
     REQUIRE(dev.wait(std::chrono::seconds(10)));
     CHECK(dev.exit_code() == 2);
   }

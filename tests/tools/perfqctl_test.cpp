@@ -104,7 +104,8 @@ TEST_CASE("perfqctl export writes every format", "[perfqctl][export]") {
   CHECK(std::filesystem::exists(dir.file("out.ctf/metadata")));
 }
 
-TEST_CASE("perfqctl devices --pci-dump: the table of an lspci -xxx dump, no daemon", "[perfqctl][pci]") {
+TEST_CASE("perfqctl devices --pci-dump: the table of an lspci -xxx dump, no daemon",
+          "[perfqctl][pci]") {
   TempDir dir("ctl");
   const std::string dump = std::string(PERFQ_TEST_FIXTURES_DIR) + "/pci-dump.txt";
   Run r = perfqctl(dir, "devices --pci-dump " + dump);
@@ -113,19 +114,25 @@ TEST_CASE("perfqctl devices --pci-dump: the table of an lspci -xxx dump, no daem
   CHECK(r.err.empty());
   CHECK_THAT(r.out, Catch::Contains("ADDRESS") && Catch::Contains("MAX LINK"));
   // A row per device: address, IDs, links now and max, ceiling, sizes, name.
-  CHECK_THAT(r.out, Catch::Matches(
-      "[\\s\\S]*0000:06:00\\.0 +144d:a80a +- +- +- +Gen3 x4 +Gen4 x4 +3\\.94 +256/256 +512 +"
-      "Samsung Electronics Co Ltd NVMe SSD Controller PM9A1/PM9A3/980PRO\n[\\s\\S]*"));
-  CHECK_THAT(r.out, Catch::Matches(
-      "[\\s\\S]*0000:05:00\\.0 +10de:2330 .* Gen5 x16 +Gen5 x16 +63\\.02 [\\s\\S]*"));
-  CHECK_THAT(r.out, Catch::Matches("[\\s\\S]*0000:08:00\\.0 +1af4:1110 +- +- +- +PCI +- +- [\\s\\S]*"));
-  CHECK_THAT(r.out, Catch::Matches("[\\s\\S]*0001:0a:00\\.0 +7fff:0001 .* down +Gen3 x4 [\\s\\S]*"));
+  CHECK_THAT(
+      r.out,
+      Catch::Matches(
+          "[\\s\\S]*0000:06:00\\.0 +144d:a80a +- +- +- +Gen3 x4 +Gen4 x4 +3\\.94 +256/256 +512 +"
+          "Samsung Electronics Co Ltd NVMe SSD Controller PM9A1/PM9A3/980PRO\n[\\s\\S]*"));
+  CHECK_THAT(r.out,
+             Catch::Matches(
+                 "[\\s\\S]*0000:05:00\\.0 +10de:2330 .* Gen5 x16 +Gen5 x16 +63\\.02 [\\s\\S]*"));
+  CHECK_THAT(r.out,
+             Catch::Matches("[\\s\\S]*0000:08:00\\.0 +1af4:1110 +- +- +- +PCI +- +- [\\s\\S]*"));
+  CHECK_THAT(r.out,
+             Catch::Matches("[\\s\\S]*0001:0a:00\\.0 +7fff:0001 .* down +Gen3 x4 [\\s\\S]*"));
   CHECK_THAT(r.out, Catch::Matches("[\\s\\S]*0000:0b:00\\.0 +8086:0b60 .* unknown [\\s\\S]*"));
   // The two links trained below their capability get a note each.
   CHECK_THAT(r.out, Catch::Contains("note: 0000:06:00.0 link Gen3 x4 (8 GT/s, 3.94 GB/s) of max "
                                     "Gen4 x4 (16 GT/s, 7.88 GB/s): trained below its capability"));
-  CHECK_THAT(r.out, Catch::Contains("note: 0000:07:00.0 link Gen4 x8 (16 GT/s, 15.75 GB/s) of max "
-                                    "Gen4 x16 (16 GT/s, 31.51 GB/s): trained below its capability"));
+  CHECK_THAT(r.out,
+             Catch::Contains("note: 0000:07:00.0 link Gen4 x8 (16 GT/s, 15.75 GB/s) of max "
+                             "Gen4 x16 (16 GT/s, 31.51 GB/s): trained below its capability"));
   CHECK(count_lines(r.out) == 1 + 1 + 13 + 2);
 
   Run j = perfqctl(dir, "devices --pci-dump " + dump + " --json");

@@ -20,9 +20,9 @@ TEST_CASE("perfqctl record: every device record lands in the trace, synchronized
   // --wait-host: the workers start with the recording's first sync round,
   // so every record they emit is the recording's (a recording holds only
   // what happened after its start).
-  Child dev({kBin + "/perfq-devsim", "--region", shm.path(), "--create", "--workers", "2",
-             "--rate", "10000", "--duration", "3", "--clock-offset-ns", "-987654321",
-             "--clock-drift-ppm", "-40", "--timer-hz", "25000000", "--wait-host"});
+  Child dev({kBin + "/perfq-devsim", "--region", shm.path(), "--create", "--workers", "2", "--rate",
+             "10000", "--duration", "3", "--clock-offset-ns", "-987654321", "--clock-drift-ppm",
+             "-40", "--timer-hz", "25000000", "--wait-host"});
   REQUIRE(dev.started());
   // The recorder waits for the device and stops when it stops.
   Child rec({kBin + "/perfqctl", "record", "--device", "shm:" + shm.path(), "-o", trace});
@@ -59,7 +59,8 @@ TEST_CASE("perfqctl record: every device record lands in the trace, synchronized
   INFO("online sync: " << js["sync"].dump());
   CHECK(std::abs(js["sync"]["device_fast_ppm"].get<double>() + 40.0) < drift_tolerance(js["sync"]));
   CHECK(std::abs(js["sync"]["device_ahead_ns"].get<double>() - truth_ahead_ns) < 1e6);
-  CHECK(js["sync"]["standing"].get<std::string>().find("behind the host, running ") != std::string::npos);
+  CHECK(js["sync"]["standing"].get<std::string>().find("behind the host, running ") !=
+        std::string::npos);
   CHECK(js["sync"]["standing"].get<std::string>().find("ppm slow") != std::string::npos);
   CHECK(js["sync"]["uncertainty_ns"].get<double>() < 100'000);
 
@@ -74,8 +75,8 @@ TEST_CASE("perfqctl record: every device record lands in the trace, synchronized
   INFO("offline sync: " << rj["sync"].dump());
   CHECK(rj["sync"]["resynced"] == true);
   CHECK(std::abs(rj["sync"]["device_fast_ppm"].get<double>() + 40.0) < drift_tolerance(rj["sync"]));
-  CHECK(std::abs(rj["sync"]["device_ahead_ns"].get<double>() - js["sync"]["device_ahead_ns"].get<double>()) <
-        100'000);
+  CHECK(std::abs(rj["sync"]["device_ahead_ns"].get<double>() -
+                 js["sync"]["device_ahead_ns"].get<double>()) < 100'000);
   ::unlink(trace.c_str());
 }
 

@@ -17,9 +17,9 @@
 
 #include "device/device.h"
 #include "device/device_clock.h"
+#include "device/timer.h"
 #include "host/drain.h"
 #include "host/host_sync.h"
-#include "device/timer.h"
 #include "host/transport.h"
 #include "test_util.h"
 
@@ -79,12 +79,25 @@ double pct(std::vector<double> v, double p) {
 
 Outcome run(const Scenario& sc) {
   TempShm shm("sync-acc");
-  std::vector<std::string> args = {kBin + "/perfq-devsim", "--region", shm.path(), "--create",
-                                   "--truth", "--workers", "2", "--rate", "20000",
-                                   "--clock-offset-ns", std::to_string(sc.offset_ns),
-                                   "--clock-drift-ppm", std::to_string(sc.drift_ppm),
-                                   "--clock-jitter-ns", std::to_string(sc.jitter_ns),
-                                   "--timer-hz", "19200000", "--timer-offset", "77777"};
+  std::vector<std::string> args = {kBin + "/perfq-devsim",
+                                   "--region",
+                                   shm.path(),
+                                   "--create",
+                                   "--truth",
+                                   "--workers",
+                                   "2",
+                                   "--rate",
+                                   "20000",
+                                   "--clock-offset-ns",
+                                   std::to_string(sc.offset_ns),
+                                   "--clock-drift-ppm",
+                                   std::to_string(sc.drift_ppm),
+                                   "--clock-jitter-ns",
+                                   std::to_string(sc.jitter_ns),
+                                   "--timer-hz",
+                                   "19200000",
+                                   "--timer-offset",
+                                   "77777"};
   if (sc.step_ns != 0) {
     args.insert(args.end(), {"--clock-step-at", std::to_string(sc.step_at_s), "--clock-step-ns",
                              std::to_string(sc.step_ns)});
@@ -101,8 +114,15 @@ Outcome run(const Scenario& sc) {
   }
   REQUIRE(t);
   // Load: the demo app keeps the device's job workers and the CPUs busy.
-  std::vector<std::string> app_args = {kBin + "/perfq-demo-app", "--device", "shm:" + shm.path(),
-                                       "--jobs", "100000000", "--threads", "2", "--job-us", "20"};
+  std::vector<std::string> app_args = {kBin + "/perfq-demo-app",
+                                       "--device",
+                                       "shm:" + shm.path(),
+                                       "--jobs",
+                                       "100000000",
+                                       "--threads",
+                                       "2",
+                                       "--job-us",
+                                       "20"};
   if (getenv("PERFQ_SYNC_NOLOAD")) app_args = {"/bin/true"};
   Child app(app_args);
 
@@ -150,14 +170,14 @@ Outcome run(const Scenario& sc) {
         if (r->observation.host_delay_ns < 20'000) out.fast_round_cpu_ns.push_back(r->cpu_ns);
         const auto& ob = r->observation;
         char line[256];
-        std::snprintf(line, sizeof line,
-                      "round %u at +%.6f s: %s, obs err %lld ticks, unc %.0f ns, host delay %.0f "
-                      "ns, device delay %.0f ns, cpu %.0f us\n",
-                      ob.round, static_cast<double>(ob.host_ns - start) / 1e9,
-                      verdict_name(r->verdict),
-                      static_cast<long long>(ob.device_time - truth_clock.device_time_at(ob.host_ns)),
-                      ob.uncertainty_ns, ob.host_delay_ns, ob.device_delay_ns,
-                      static_cast<double>(r->cpu_ns) / 1e3);
+        std::snprintf(
+            line, sizeof line,
+            "round %u at +%.6f s: %s, obs err %lld ticks, unc %.0f ns, host delay %.0f "
+            "ns, device delay %.0f ns, cpu %.0f us\n",
+            ob.round, static_cast<double>(ob.host_ns - start) / 1e9, verdict_name(r->verdict),
+            static_cast<long long>(ob.device_time - truth_clock.device_time_at(ob.host_ns)),
+            ob.uncertainty_ns, ob.host_delay_ns, ob.device_delay_ns,
+            static_cast<double>(r->cpu_ns) / 1e3);
         out.round_log += line;
         if (getenv("PERFQ_SYNC_DEBUG")) std::fputs(line, stdout);
       }
@@ -211,8 +231,7 @@ Outcome run(const Scenario& sc) {
       // (rounds are 100 ms apart): which side a time there is on, no
       // round tells.
       const uint64_t h = offline.model.to_host(tick.device);
-      if (sc.step_ns == 0 || tick.truth + 200'000'000 < step_t ||
-          tick.truth > step_t + 200'000'000)
+      if (sc.step_ns == 0 || tick.truth + 200'000'000 < step_t || tick.truth > step_t + 200'000'000)
         out.offline_err_ns.push_back(
             std::fabs(static_cast<double>(static_cast<int64_t>(h - tick.truth))));
     }
@@ -250,9 +269,8 @@ void report(const char* name, const Outcome& o) {
       "p99=%.0f max=%.0f) drift_err=%.4f ppm segments=%u rounds=%llu failed=%llu "
       "round_cpu_p50=%.1f us (fast rounds %zu: %.1f us)\n",
       name, o.err_ns.size(), pct(o.err_ns, 50), pct(o.err_ns, 99), pct(o.err_ns, 100),
-      pct(o.claims_ns, 50), pct(o.claims_ns, 99),
-      o.over_claim, pct(o.offline_err_ns, 50), pct(o.offline_err_ns, 99),
-      pct(o.offline_err_ns, 100), o.drift_error_ppm, o.segments,
+      pct(o.claims_ns, 50), pct(o.claims_ns, 99), o.over_claim, pct(o.offline_err_ns, 50),
+      pct(o.offline_err_ns, 99), pct(o.offline_err_ns, 100), o.drift_error_ppm, o.segments,
       static_cast<unsigned long long>(o.rounds), static_cast<unsigned long long>(o.failed_rounds),
       pct(cpu, 50) / 1000, fast.size(), pct(fast, 50) / 1000);
 }

@@ -23,18 +23,17 @@
 
 #include "device/device.h"
 #include "device/device_clock.h"
+#include "host/transport.h"
 #include "jobq.h"
 #include "perfq/perfq.hpp"
-#include "host/transport.h"
 
 // Every job submit goes through this plain C function, so that a uprobe can
 // see it without changing code, as people watch a driver library's submit
 // call: `perfqctl start --uprobe $(which perfq-demo-app):perfq_demo_submit`
 // (entry: the job's correlation id, low 32 bits; return: 1 when the device
 // took the job).  noipa: never inlined, cloned or folded away.
-extern "C" __attribute__((noipa)) int perfq_demo_submit(uint64_t corr_id,
-                                                       perfq::HostJobChannel* ch,
-                                                       const perfq_job* job) {
+extern "C" __attribute__((noipa)) int perfq_demo_submit(uint64_t corr_id, perfq::HostJobChannel* ch,
+                                                        const perfq_job* job) {
   (void)corr_id;
   return ch->submit(*job) ? 1 : 0;
 }
@@ -73,8 +72,8 @@ void run_thread(const JobQueue& q, unsigned t, uint64_t count, const Options& o,
     res.error = ch.status().message();
     return;
   }
-  const uint64_t prefix = (static_cast<uint64_t>(getpid()) & 0xffffff) << 40 |
-                          static_cast<uint64_t>(t & 0xff) << 32;
+  const uint64_t prefix =
+      (static_cast<uint64_t>(getpid()) & 0xffffff) << 40 | static_cast<uint64_t>(t & 0xff) << 32;
   std::unordered_map<uint64_t, uint64_t> submit_time;  // corr id -> host time
   res.latency_ns.reserve(count);
   Backoff idle(std::chrono::microseconds(50));
@@ -84,8 +83,8 @@ void run_thread(const JobQueue& q, unsigned t, uint64_t count, const Options& o,
     bool progress = false;
     while (res.submitted < count && submit_time.size() < o.inflight) {
       const uint64_t now = monotonic_ns();
-      const perfq_job job{prefix | (res.submitted + 1), static_cast<uint64_t>(o.job_us * 1000),
-                          now, 0};
+      const perfq_job job{prefix | (res.submitted + 1), static_cast<uint64_t>(o.job_us * 1000), now,
+                          0};
       instant(ev.submit, job.corr_id);
       ++res.submit_calls;
       if (!perfq_demo_submit(job.corr_id, &*ch, &job)) break;
@@ -127,7 +126,8 @@ void run_thread(const JobQueue& q, unsigned t, uint64_t count, const Options& o,
 
 uint64_t percentile(std::vector<uint64_t>& v, double p) {
   if (v.empty()) return 0;
-  const size_t k = std::min(v.size() - 1, static_cast<size_t>(p / 100.0 * static_cast<double>(v.size())));
+  const size_t k =
+      std::min(v.size() - 1, static_cast<size_t>(p / 100.0 * static_cast<double>(v.size())));
   std::nth_element(v.begin(), v.begin() + static_cast<long>(k), v.end());
   return v[k];
 }
@@ -179,21 +179,22 @@ int run(const Options& o) {
   }
   perfq_stats hs{};
   perfq_get_stats(&hs);
-  nlohmann::json out = {{"submitted", submitted},
-                        {"completed", completed},
-                        {"unknown_completions", unknown},
-                        {"submit_calls", submit_calls},
-                        {"pid", getpid()},
-                        {"threads", o.threads},
-                        {"elapsed_s", elapsed},
-                        {"latency_ns", {{"p50", percentile(lat, 50)}, {"p99", percentile(lat, 99)}}},
-                        // recorded + dropped + not_recording + lost = the events attempted
-                        {"host_events",
-                         {{"recorded", hs.recorded},
-                          {"dropped", hs.dropped},
-                          {"not_recording", hs.not_recording},
-                          {"lost", hs.lost},
-                          {"connected", connected}}}};
+  nlohmann::json out = {
+      {"submitted", submitted},
+      {"completed", completed},
+      {"unknown_completions", unknown},
+      {"submit_calls", submit_calls},
+      {"pid", getpid()},
+      {"threads", o.threads},
+      {"elapsed_s", elapsed},
+      {"latency_ns", {{"p50", percentile(lat, 50)}, {"p99", percentile(lat, 99)}}},
+      // recorded + dropped + not_recording + lost = the events attempted
+      {"host_events",
+       {{"recorded", hs.recorded},
+        {"dropped", hs.dropped},
+        {"not_recording", hs.not_recording},
+        {"lost", hs.lost},
+        {"connected", connected}}}};
   std::printf("%s\n", out.dump().c_str());
   std::fflush(stdout);
   perfq_shutdown();
@@ -208,7 +209,8 @@ int main(int argc, char** argv) {
   CLI::App app{
       "perfq-demo-app: submit jobs to a perfq device's job queue from several threads and\n"
       "wait for their completions. Prints one JSON line with the counts and latencies."};
-  app.add_option("--device", o.device, "Device: /dev/perfqN (perfq.ko) or shm:PATH (the region perfq-devsim serves)")
+  app.add_option("--device", o.device,
+                 "Device: /dev/perfqN (perfq.ko) or shm:PATH (the region perfq-devsim serves)")
       ->required();
   app.add_option("--jobs", o.jobs, "Jobs to run, all threads together")->capture_default_str();
   app.add_option("--threads", o.threads, "Submitting threads, one job channel each")

@@ -29,8 +29,7 @@ HostJobChannel::HostJobChannel(HostJobChannel&& o) noexcept
 HostJobChannel::~HostJobChannel() {
   if (!ch_) return;
   uint64_t expected = token_;
-  __atomic_compare_exchange_n(&ch_->owner, &expected, 0, false, __ATOMIC_RELEASE,
-                              __ATOMIC_RELAXED);
+  __atomic_compare_exchange_n(&ch_->owner, &expected, 0, false, __ATOMIC_RELEASE, __ATOMIC_RELAXED);
 }
 
 bool HostJobChannel::submit(const perfq_job& job) noexcept {
@@ -94,8 +93,8 @@ Result<JobQueue> JobQueue::attach(std::span<uint8_t> app) {
   perfq_jobq_header c;
   std::memcpy(&c, h, sizeof(c));
   if (c.version != PERFQ_ABI_VERSION)
-    return Status(Errc::kCorrupt, fmt::format("job queue: version {} is not {}", c.version,
-                                              PERFQ_ABI_VERSION));
+    return Status(Errc::kCorrupt,
+                  fmt::format("job queue: version {} is not {}", c.version, PERFQ_ABI_VERSION));
   if (c.channels == 0 || c.channels > 1024 || !is_pow2(c.ring_capacity) ||
       c.ring_capacity > (1u << 20))
     return Status(Errc::kCorrupt, fmt::format("job queue: {} channels of capacity {} is invalid",
@@ -105,9 +104,10 @@ Result<JobQueue> JobQueue::attach(std::span<uint8_t> app) {
   if (c.channel_offset < sizeof(perfq_jobq_header) || c.channel_offset % 64 != 0 ||
       c.channel_stride < need || c.channel_stride % 64 != 0 ||
       c.channel_offset + c.channel_stride * c.channels > app.size())
-    return Status(Errc::kCorrupt,
-                  fmt::format("job queue: channel offset {} stride {} x {} does not fit in {} bytes",
-                              c.channel_offset, c.channel_stride, c.channels, app.size()));
+    return Status(
+        Errc::kCorrupt,
+        fmt::format("job queue: channel offset {} stride {} x {} does not fit in {} bytes",
+                    c.channel_offset, c.channel_stride, c.channels, app.size()));
   JobQueue q(app.data(), c.channels, c.ring_capacity, c.channel_offset, c.channel_stride);
   for (uint32_t i = 0; i < c.channels; ++i) {
     auto s = SpscRingMemory<perfq_job>::attach(q.submit_ring(i), q.ring_bytes());
@@ -140,9 +140,9 @@ Result<HostJobChannel> JobQueue::claim(uint64_t token) const {
     }
     return HostJobChannel(ch, i, token, std::move(submit), std::move(complete));
   }
-  return Status(Errc::kUnavailable,
-                fmt::format("job queue: all {} channels are claimed by running processes",
-                            channels_));
+  return Status(
+      Errc::kUnavailable,
+      fmt::format("job queue: all {} channels are claimed by running processes", channels_));
 }
 
 DeviceJobChannel JobQueue::device_channel(uint32_t i) const {

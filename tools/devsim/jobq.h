@@ -7,9 +7,9 @@
 #include <optional>
 #include <span>
 
-#include "perfq/perfq_abi.h"
 #include "core/ring.h"
 #include "core/spsc_ring.h"
+#include "perfq/perfq_abi.h"
 #include "perfq/status.h"
 
 namespace perfq {
@@ -34,7 +34,10 @@ class HostJobChannel {
   friend class JobQueue;
   HostJobChannel(perfq_jobq_channel* ch, uint32_t index, uint64_t token,
                  SpscProducer<perfq_job> submit, SpscConsumer<perfq_job_completion> complete)
-      : ch_(ch), index_(index), token_(token), submit_(std::move(submit)),
+      : ch_(ch),
+        index_(index),
+        token_(token),
+        submit_(std::move(submit)),
         complete_(std::move(complete)) {}
   perfq_jobq_channel* ch_;
   uint32_t index_;

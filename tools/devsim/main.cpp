@@ -21,11 +21,11 @@
 #include <thread>
 #include <vector>
 
+#include "core/region.h"
 #include "device/device.h"
 #include "device/device_clock.h"
-#include "jobq.h"
-#include "core/region.h"
 #include "device/timer.h"
+#include "jobq.h"
 
 namespace perfq {
 namespace {
@@ -199,8 +199,7 @@ Streams make_streams(const Options& o, unsigned job_workers, const SimClock& clo
 // Starts the synthetic workers (o.rate shared among them) and the job workers.
 std::vector<std::thread> start_workers(const Options& o, const Streams& st, const SimClock& clock,
                                        const JobQueue& jobq, unsigned job_workers,
-                                       const std::atomic<bool>& go,
-                                       const std::atomic<bool>& stop,
+                                       const std::atomic<bool>& go, const std::atomic<bool>& stop,
                                        std::atomic<uint64_t>& jobs_done) {
   std::vector<std::thread> workers;
   const double per_worker = o.workers ? o.rate / o.workers : 0;
@@ -209,9 +208,10 @@ std::vector<std::thread> start_workers(const Options& o, const Streams& st, cons
       synthetic_worker(*st.raw[i], clock, per_worker, truth, go, stop);
     });
   for (unsigned j = 0; j < job_workers; ++j)
-    workers.emplace_back([&st, &clock, &jobq, &stop, &jobs_done, first = o.workers, job_workers, j] {
-      job_worker(*st.raw[first + j], clock, jobq, j, job_workers, stop, jobs_done);
-    });
+    workers.emplace_back(
+        [&st, &clock, &jobq, &stop, &jobs_done, first = o.workers, job_workers, j] {
+          job_worker(*st.raw[first + j], clock, jobq, j, job_workers, stop, jobs_done);
+        });
   return workers;
 }
 
@@ -249,8 +249,7 @@ Ending wait_for_stop(const Options& o, const sigset_t& sigs, const Region& r,
         static_cast<double>(monotonic_ns() - end.t_go) >= o.duration * 1e9)
       break;
   }
-  end.elapsed_s =
-      static_cast<double>(monotonic_ns() - (end.t_go ? end.t_go : t_start)) / 1e9;
+  end.elapsed_s = static_cast<double>(monotonic_ns() - (end.t_go ? end.t_go : t_start)) / 1e9;
   return end;
 }
 
@@ -326,7 +325,8 @@ int run(const Options& o) {
 
   // Everything is up: the host may use the device now.
   set_device_state(r, PERFQ_DEVICE_RUNNING);
-  std::fprintf(stderr, "perfq-devsim: device '%s' running on %s (ring %llu records, %u workers, "
+  std::fprintf(stderr,
+               "perfq-devsim: device '%s' running on %s (ring %llu records, %u workers, "
                "%u job workers, %u job channels)\n",
                r.device_name().c_str(), o.region.c_str(),
                static_cast<unsigned long long>(r.ring_capacity()), o.workers, job_workers,
@@ -373,7 +373,8 @@ int main(int argc, char** argv) {
       "Prints one JSON line of accounting on exit (emitted, dropped, per stream)."};
   app.add_option("--region", o.region, "Region file (e.g. /dev/shm/perfq0)")->required();
   app.add_flag("--create", o.create, "Create (or re-create) the region instead of opening it");
-  app.add_option("--ring-records", o.ring_records, "Shared ring capacity, a power of two (with --create)")
+  app.add_option("--ring-records", o.ring_records,
+                 "Shared ring capacity, a power of two (with --create)")
       ->capture_default_str();
   app.add_option("--region-size", o.region_size,
                  "Pad the region to at least this many bytes (e.g. an ivshmem BAR size)");
@@ -396,13 +397,16 @@ int main(int argc, char** argv) {
   app.add_option("--clock-jitter-ns", o.clock_jitter_ns,
                  "Random delay of up to J ns between paired clock reads and before serving a "
                  "register read");
-  app.add_option("--clock-step-at", o.step_at, "Step the device clock S seconds after start (repeatable)");
-  app.add_option("--clock-step-ns", o.step_ns, "Size of each step, ns, either sign (one per --clock-step-at)");
+  app.add_option("--clock-step-at", o.step_at,
+                 "Step the device clock S seconds after start (repeatable)");
+  app.add_option("--clock-step-ns", o.step_ns,
+                 "Size of each step, ns, either sign (one per --clock-step-at)");
   app.add_option("--timer-hz", o.timer_hz, "Timer register rate, Hz")
       ->capture_default_str()
       ->check(CLI::Range(uint64_t{1}, uint64_t{PERFQ_CLOCK_HZ_MAX}));
   app.add_option("--timer-offset", o.timer_offset, "Timer register value at host time 0, ticks");
-  app.add_option("--device-name", o.name, "Device name published in the region")->capture_default_str();
+  app.add_option("--device-name", o.name, "Device name published in the region")
+      ->capture_default_str();
   app.add_flag("--truth", o.truth,
                "Store the true host CLOCK_MONOTONIC time of each synthetic event in its arg");
   app.add_flag("--wait-host", o.wait_host,
@@ -411,7 +415,8 @@ int main(int argc, char** argv) {
                "then. Without it they start at once and fill the ring before anyone drains it");
   CLI11_PARSE(app, argc, argv);
   if (o.step_at.size() != o.step_ns.size()) {
-    std::fprintf(stderr, "perfq-devsim: give one --clock-step-ns per --clock-step-at (%zu vs %zu)\n",
+    std::fprintf(stderr,
+                 "perfq-devsim: give one --clock-step-ns per --clock-step-at (%zu vs %zu)\n",
                  o.step_at.size(), o.step_ns.size());
     return 2;
   }

@@ -18,10 +18,10 @@
 #include <string>
 #include <thread>
 
-#include "commands.h"
 #include "app/json_lines.h"
-#include "perfq/pci.h"
+#include "commands.h"
 #include "host/pci_scan.h"
+#include "perfq/pci.h"
 
 namespace perfqctl {
 namespace {
@@ -58,8 +58,9 @@ class Client {
       const int err = errno;
       std::string msg = "cannot reach perfq-daemon at " + path + ": " + std::strerror(err);
       if (err == ENOENT || err == ECONNREFUSED)
-        msg += " (is it running? `systemctl start perfq-daemon`, or run `perfq-daemon "
-               "--socket PATH` and pass the same --socket here)";
+        msg +=
+            " (is it running? `systemctl start perfq-daemon`, or run `perfq-daemon "
+            "--socket PATH` and pass the same --socket here)";
       else if (err == EACCES)
         msg += " (no permission on the socket or its folder)";
       return msg;
@@ -89,7 +90,8 @@ class Client {
       if (buf_.overflow()) return failure("the daemon sent a reply line over 64 MiB");
       const long n = recv_chunk(fd_, buf_, nullptr);
       if (n < 0)
-        return failure(std::string("reading the daemon's reply: ") + std::strerror(static_cast<int>(-n)));
+        return failure(std::string("reading the daemon's reply: ") +
+                       std::strerror(static_cast<int>(-n)));
       if (n == 0) return failure("the daemon closed the connection without a reply (did it exit?)");
     }
   }
@@ -146,7 +148,8 @@ void print_kernel(const json& s) {
     for (const auto& p : k["traced_pids"]) pids += (pids.empty() ? "" : ",") + p.dump();
   std::printf("  kernel events (%s): %llu records, %llu dropped; traced pids %s\n", state.c_str(),
               static_cast<unsigned long long>(u64(k, "records")),
-              static_cast<unsigned long long>(u64(k, "dropped")), pids.empty() ? "none yet" : pids.c_str());
+              static_cast<unsigned long long>(u64(k, "dropped")),
+              pids.empty() ? "none yet" : pids.c_str());
 }
 
 void print_summary(const json& s) {
@@ -156,17 +159,18 @@ void print_summary(const json& s) {
               s.value("complete", true) ? "" : " (INCOMPLETE)");
   if (s.contains("devices"))
     for (const auto& d : s["devices"]) {
-      std::printf("  device %s (%s): %llu records, %llu lost, %s", d.value("device", "?").c_str(),
-                  d.value("state", "?").c_str(),
-                  static_cast<unsigned long long>(u64(d, "records")),
-                  static_cast<unsigned long long>(u64(d, "lost")),
-                  d.contains("sync") && d["sync"].value("synchronized", false) ? "" : "not synchronized");
+      std::printf(
+          "  device %s (%s): %llu records, %llu lost, %s", d.value("device", "?").c_str(),
+          d.value("state", "?").c_str(), static_cast<unsigned long long>(u64(d, "records")),
+          static_cast<unsigned long long>(u64(d, "lost")),
+          d.contains("sync") && d["sync"].value("synchronized", false) ? "" : "not synchronized");
       if (d.contains("sync") && d["sync"].value("synchronized", false))
         std::printf("%s, +-%.0f ns, %llu rounds", d["sync"].value("standing", "?").c_str(),
                     dbl(d["sync"], "uncertainty_ns"),
                     static_cast<unsigned long long>(u64(d["sync"], "rounds")));
       std::printf("\n");
-      if (d.contains("error")) std::printf("    error: %s\n", d["error"].get<std::string>().c_str());
+      if (d.contains("error"))
+        std::printf("    error: %s\n", d["error"].get<std::string>().c_str());
     }
   if (s.contains("host_streams")) {
     uint64_t recs = 0, lost = 0;
@@ -211,9 +215,9 @@ struct StartOptions {
   unsigned sync_interval_ms = 0;
   std::string sync_mode;
   bool no_wait = false;
-  std::string kernel_events;          // "sched,syscalls"
-  std::vector<uint32_t> pids;         // traced besides the registered applications
-  std::vector<std::string> uprobes;   // PATH:SYMBOL
+  std::string kernel_events;         // "sched,syscalls"
+  std::vector<uint32_t> pids;        // traced besides the registered applications
+  std::vector<std::string> uprobes;  // PATH:SYMBOL
 };
 
 int run_start(const Common& o, const StartOptions& s) {
@@ -244,13 +248,15 @@ int run_start(const Common& o, const StartOptions& s) {
   if (!r.value("ok", false)) return fail("start", r.value("error", "failed"));
   if (r.contains("warnings") && !o.json_out)
     for (const auto& w : r["warnings"])
-      if (w.is_string()) std::fprintf(stderr, "perfqctl start: warning: %s\n", w.get<std::string>().c_str());
+      if (w.is_string())
+        std::fprintf(stderr, "perfqctl start: warning: %s\n", w.get<std::string>().c_str());
   if (s.duration <= 0 || s.no_wait) {
     if (o.json_out)
       std::printf("%s\n", r.dump().c_str());
     else
-      std::printf("recording to %s%s\n", r.value("output", "").c_str(),
-                  s.duration > 0 ? " (stops by itself after the duration)" : "; `perfqctl stop` ends it");
+      std::printf(
+          "recording to %s%s\n", r.value("output", "").c_str(),
+          s.duration > 0 ? " (stops by itself after the duration)" : "; `perfqctl stop` ends it");
     return kExitOk;
   }
   // A recording with a duration: wait for it, showing progress on a
@@ -300,37 +306,41 @@ int run_status(const Common& o) {
       std::printf("last recording: %s, %llu records\n", r["last"].value("output", "?").c_str(),
                   static_cast<unsigned long long>(u64(r["last"], "records")));
   } else {
-    std::printf("recording to %s for %.1f s%s: %llu records written (%s), %llu pending, %llu late\n",
-                rec.value("output", "?").c_str(), dbl(rec, "elapsed_s"),
-                rec.contains("duration_s")
-                    ? (" of " + std::to_string(static_cast<int>(dbl(rec, "duration_s")))).c_str()
-                    : "",
-                static_cast<unsigned long long>(u64(rec, "records")),
-                human_bytes(static_cast<double>(u64(rec, "bytes"))).c_str(),
-                static_cast<unsigned long long>(u64(rec["merge"], "pending")),
-                static_cast<unsigned long long>(u64(rec["merge"], "late")));
+    std::printf(
+        "recording to %s for %.1f s%s: %llu records written (%s), %llu pending, %llu late\n",
+        rec.value("output", "?").c_str(), dbl(rec, "elapsed_s"),
+        rec.contains("duration_s")
+            ? (" of " + std::to_string(static_cast<int>(dbl(rec, "duration_s")))).c_str()
+            : "",
+        static_cast<unsigned long long>(u64(rec, "records")),
+        human_bytes(static_cast<double>(u64(rec, "bytes"))).c_str(),
+        static_cast<unsigned long long>(u64(rec["merge"], "pending")),
+        static_cast<unsigned long long>(u64(rec["merge"], "late")));
     for (const auto& dev : rec["devices"]) {
-      std::printf("  device %s \"%s\" %s: %llu records (%.0f/s), %llu lost, %llu invalid, ring %llu/%llu\n",
-                  dev.value("device", "?").c_str(), dev.value("name", "").c_str(),
-                  dev.value("state", "?").c_str(), static_cast<unsigned long long>(u64(dev, "records")),
-                  dbl(dev, "rate_per_s"), static_cast<unsigned long long>(u64(dev, "lost")),
-                  static_cast<unsigned long long>(u64(dev, "invalid")),
-                  static_cast<unsigned long long>(u64(dev, "ring_fill")),
-                  static_cast<unsigned long long>(u64(dev, "ring_capacity")));
+      std::printf(
+          "  device %s \"%s\" %s: %llu records (%.0f/s), %llu lost, %llu invalid, ring %llu/%llu\n",
+          dev.value("device", "?").c_str(), dev.value("name", "").c_str(),
+          dev.value("state", "?").c_str(), static_cast<unsigned long long>(u64(dev, "records")),
+          dbl(dev, "rate_per_s"), static_cast<unsigned long long>(u64(dev, "lost")),
+          static_cast<unsigned long long>(u64(dev, "invalid")),
+          static_cast<unsigned long long>(u64(dev, "ring_fill")),
+          static_cast<unsigned long long>(u64(dev, "ring_capacity")));
       const json& sy = dev["sync"];
       if (sy.value("synchronized", false))
-        std::printf("    sync mode %s: %s, +-%.0f ns, %llu rounds "
-                    "(%llu failed), last %.0f ms ago\n",
-                    sy.value("mode", "?").c_str(), sy.value("standing", "?").c_str(),
-                    dbl(sy, "uncertainty_ns"), static_cast<unsigned long long>(u64(sy, "rounds")),
-                    static_cast<unsigned long long>(u64(sy, "failed_rounds")),
-                    dbl(sy, "last_round_ago_ms"));
+        std::printf(
+            "    sync mode %s: %s, +-%.0f ns, %llu rounds "
+            "(%llu failed), last %.0f ms ago\n",
+            sy.value("mode", "?").c_str(), sy.value("standing", "?").c_str(),
+            dbl(sy, "uncertainty_ns"), static_cast<unsigned long long>(u64(sy, "rounds")),
+            static_cast<unsigned long long>(u64(sy, "failed_rounds")),
+            dbl(sy, "last_round_ago_ms"));
       else
         std::printf("    sync: not synchronized yet%s\n",
                     sy.contains("last_error")
                         ? (" (" + sy["last_error"].get<std::string>() + ")").c_str()
                         : "");
-      if (dev.contains("error")) std::printf("    error: %s\n", dev["error"].get<std::string>().c_str());
+      if (dev.contains("error"))
+        std::printf("    error: %s\n", dev["error"].get<std::string>().c_str());
     }
     for (const auto& h : rec["host_streams"])
       std::printf("  app %s (source %d) thread %d: %llu records (%.0f/s), %llu lost\n",
@@ -340,13 +350,14 @@ int run_status(const Common& o) {
     print_kernel(rec);
   }
   for (const auto& s : r["app_streams"])
-    std::printf("  ring: app %s pid %u thread %s (tid %u): %llu records, %llu lost, fill %llu/%llu%s\n",
-                s.value("app", "?").c_str(), s.value("pid", 0u), s.value("thread", "").c_str(),
-                s.value("tid", 0u), static_cast<unsigned long long>(u64(s, "records")),
-                static_cast<unsigned long long>(u64(s, "lost")),
-                static_cast<unsigned long long>(u64(s, "ring_fill")),
-                static_cast<unsigned long long>(u64(s, "ring_capacity")),
-                s.value("alive", true) ? "" : " (exited)");
+    std::printf(
+        "  ring: app %s pid %u thread %s (tid %u): %llu records, %llu lost, fill %llu/%llu%s\n",
+        s.value("app", "?").c_str(), s.value("pid", 0u), s.value("thread", "").c_str(),
+        s.value("tid", 0u), static_cast<unsigned long long>(u64(s, "records")),
+        static_cast<unsigned long long>(u64(s, "lost")),
+        static_cast<unsigned long long>(u64(s, "ring_fill")),
+        static_cast<unsigned long long>(u64(s, "ring_capacity")),
+        s.value("alive", true) ? "" : " (exited)");
   return kExitOk;
 }
 
@@ -370,8 +381,10 @@ void print_pci_table(const std::vector<perfq::PciDevice>& devs) {
       now = "PCI";  // conventional: no PCIe capability
     } else {
       const auto& p = *d.pcie;
-      if (!p.link_max && !p.link_current) now = "none";
-      else if (!p.link_current) now = "down";
+      if (!p.link_max && !p.link_current)
+        now = "none";
+      else if (!p.link_current)
+        now = "down";
       if (p.link_current) {
         now = perfq::pci_link_name(*p.link_current);
         gbs = fmt_gbs(p.link_current->ceiling_bytes_per_s());
@@ -415,8 +428,9 @@ int run_devices_dump(const Common& o, const DevicesOptions& opt) {
   if (o.json_out) {
     json list = json::array();
     for (const auto& d : scan->devices) list.push_back(perfq::pci_device_to_json(d));
-    std::printf("%s\n", json{{"ok", true}, {"pci_dump", opt.pci_dump}, {"pci_devices", list}}
-                             .dump().c_str());
+    std::printf(
+        "%s\n",
+        json{{"ok", true}, {"pci_dump", opt.pci_dump}, {"pci_devices", list}}.dump().c_str());
     return kExitOk;
   }
   return print_pci(scan->devices, true);
@@ -495,29 +509,34 @@ void add_control_commands(CLI::App& app, int& exit_code) {
       "terminal, Ctrl-C stops early) and prints the summary; otherwise returns at once.");
   start->add_option("-o,--output", s->output, "Trace file (created by the daemon as you)")
       ->capture_default_str();
-  start->add_option("--device", s->devices,
-                    "Device to record (repeatable): shm:PATH or /dev/perfqN; default: the "
-                    "daemon's configured devices")
+  start
+      ->add_option("--device", s->devices,
+                   "Device to record (repeatable): shm:PATH or /dev/perfqN; default: the "
+                   "daemon's configured devices")
       ->allow_extra_args(false);
   start->add_option("--duration", s->duration, "Stop after S seconds")
       ->check(CLI::NonNegativeNumber);
-  start->add_option("--sync-interval-ms", s->sync_interval_ms,
-                    "Time between clock sync rounds (default: the daemon's)")
+  start
+      ->add_option("--sync-interval-ms", s->sync_interval_ms,
+                   "Time between clock sync rounds (default: the daemon's)")
       ->check(CLI::Range(1u, 60000u));
-  start->add_option("--sync-mode", s->sync_mode,
-                    "a: the host converts device times; b: the device does (default: the daemon's)")
+  start
+      ->add_option("--sync-mode", s->sync_mode,
+                   "a: the host converts device times; b: the device does (default: the daemon's)")
       ->check(CLI::IsMember({"a", "b"}));
   start->add_option("--kernel-events", s->kernel_events,
                     "Also record host kernel events with BPF, for the registered applications "
                     "and --pid processes: sched (switches, wakeups), syscalls, or both "
                     "(sched,syscalls). Needs a daemon with CAP_BPF+CAP_PERFMON (root); without, "
                     "the recording goes on without them and says so");
-  start->add_option("--pid", s->pids,
-                    "With --kernel-events or --uprobe: also trace this process (repeatable)")
+  start
+      ->add_option("--pid", s->pids,
+                   "With --kernel-events or --uprobe: also trace this process (repeatable)")
       ->allow_extra_args(false);
-  start->add_option("--uprobe", s->uprobes,
-                    "Record entry and return of a function in any binary, PATH:SYMBOL "
-                    "(repeatable; every process running it, or only the --pid ones)")
+  start
+      ->add_option("--uprobe", s->uprobes,
+                   "Record entry and return of a function in any binary, PATH:SYMBOL "
+                   "(repeatable; every process running it, or only the --pid ones)")
       ->allow_extra_args(false);
   start->add_flag("--no-wait", s->no_wait, "With --duration: return at once");
   start->add_flag("--json", o->json_out, "Print the daemon's reply as JSON");
@@ -525,15 +544,17 @@ void add_control_commands(CLI::App& app, int& exit_code) {
   start->callback([o, s, &exit_code] { exit_code = run_start(*o, *s); });
 
   CLI::App* stop = app.add_subcommand(
-      "stop", "Stop the recording; returns when the trace file is complete, then prints its summary");
+      "stop",
+      "Stop the recording; returns when the trace file is complete, then prints its summary");
   stop->add_flag("--json", o->json_out, "Print the summary as JSON");
   add_socket_option(stop, *o);
   stop->callback([o, &exit_code] { exit_code = run_stop(*o); });
 
   CLI::App* status = app.add_subcommand(
-      "status", "Show the daemon, the recording (per stream: records, bytes, losses, ring fill, "
-                "rates; per device: clock offset, drift, uncertainty, last round) and the "
-                "connected applications");
+      "status",
+      "Show the daemon, the recording (per stream: records, bytes, losses, ring fill, "
+      "rates; per device: clock offset, drift, uncertainty, last round) and the "
+      "connected applications");
   status->add_flag("--json", o->json_out, "Print JSON");
   add_socket_option(status, *o);
   status->callback([o, &exit_code] { exit_code = run_status(*o); });

@@ -34,7 +34,8 @@ void add_export_command(CLI::App& app, int& exit_code) {
       return;
     }
     if (!r->stopped_early.empty()) {
-      std::fprintf(stderr, "perfqctl: export: trace damaged, exported the %llu records before it: %s\n",
+      std::fprintf(stderr,
+                   "perfqctl: export: trace damaged, exported the %llu records before it: %s\n",
                    static_cast<unsigned long long>(r->records), r->stopped_early.c_str());
       exit_code = kExitFail;
       return;

@@ -6,7 +6,9 @@
 #include "commands.h"
 
 int main(int argc, char** argv) {
-  CLI::App app{"perfqctl: drive perfq-daemon (start, stop, status, devices) and analyse traces (report, export)"};
+  CLI::App app{
+      "perfqctl: drive perfq-daemon (start, stop, status, devices) and analyse traces (report, "
+      "export)"};
   app.require_subcommand(1);
   int exit_code = perfqctl::kExitOk;
   perfqctl::add_control_commands(app, exit_code);

@@ -6,12 +6,12 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <spdlog/sinks/stdout_color_sinks.h>
+#include <spdlog/spdlog.h>
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
 #include <memory>
-#include <spdlog/sinks/stdout_color_sinks.h>
-#include <spdlog/spdlog.h>
 #include <thread>
 
 #include "commands.h"
@@ -48,9 +48,9 @@ Status wait_running(const std::string& spec) {
     auto t = open_transport(spec);
     if (t && device_state(t.value()->region()) == PERFQ_DEVICE_RUNNING) return Status::ok();
     if (monotonic_ns() > until || g_stop)
-      return t ? Status(Errc::kUnavailable,
-                        spec + ": the device is not running (state " +
-                            std::to_string(device_state(t.value()->region())) + ")")
+      return t ? Status(Errc::kUnavailable, spec + ": the device is not running (state " +
+                                                std::to_string(device_state(t.value()->region())) +
+                                                ")")
                : t.status();
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
@@ -135,7 +135,8 @@ int run_record(const RecordOptions& o) {
   const json& d0 = sum["devices"].empty() ? json::object() : sum["devices"][0];
   std::printf("wrote %s: %llu records, %llu sync rounds, %llu bytes%s\n", o.output.c_str(),
               static_cast<unsigned long long>(sum.value("records", uint64_t{0})),
-              static_cast<unsigned long long>(d0.contains("sync") ? d0["sync"].value("rounds", uint64_t{0}) : 0),
+              static_cast<unsigned long long>(
+                  d0.contains("sync") ? d0["sync"].value("rounds", uint64_t{0}) : 0),
               static_cast<unsigned long long>(sum.value("bytes", uint64_t{0})),
               sum.value("complete", false) ? "" : " (INCOMPLETE)");
   return rc;
@@ -152,8 +153,7 @@ void add_record_command(CLI::App& app, int& exit_code) {
       "host-time order. Stops on SIGINT/SIGTERM, after --duration, or when the device stops.");
   cmd->add_option("--device", o->device, "Device: shm:PATH or /dev/perfqN")->required();
   cmd->add_option("-o,--output", o->output, "Trace file to write")->capture_default_str();
-  cmd->add_option("--duration", o->duration, "Stop after S seconds")
-      ->check(CLI::NonNegativeNumber);
+  cmd->add_option("--duration", o->duration, "Stop after S seconds")->check(CLI::NonNegativeNumber);
   cmd->add_option("--sync-interval-ms", o->sync_interval_ms, "Time between sync rounds")
       ->capture_default_str()
       ->check(CLI::Range(1u, 60000u));

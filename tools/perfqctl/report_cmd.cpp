@@ -28,7 +28,8 @@ void add_report_command(CLI::App& app, int& exit_code) {
       exit_code = kExitFail;
       return;
     }
-    std::string out = args->json ? perfq::report_to_json(r.value()) : perfq::report_to_text(r.value());
+    std::string out =
+        args->json ? perfq::report_to_json(r.value()) : perfq::report_to_text(r.value());
     std::fwrite(out.data(), 1, out.size(), stdout);
     if (std::fflush(stdout) != 0) {
       std::perror("perfqctl: report: stdout");

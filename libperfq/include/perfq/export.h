@@ -36,6 +36,6 @@ struct TraceExportSummary {
 // Exports the trace at `in` to `out` (a file; a directory for ctf, created
 // if missing).  Fails on an unreadable input header or any write error.
 Result<TraceExportSummary> export_trace(const std::string& in, TraceExportFormat format,
-                                   const std::string& out);
+                                        const std::string& out);
 
 }  // namespace perfq

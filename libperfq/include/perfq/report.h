@@ -72,21 +72,21 @@ struct ReportStream {
   uint64_t reported_lost = 0;
   uint64_t gap_lost = 0;
   uint64_t lost = 0;
-  uint64_t loss_events = 0;      // LOST records, loss reports and gaps seen
-  int64_t first_loss_ns = 0;     // host time of the first and last loss
+  uint64_t loss_events = 0;   // LOST records, loss reports and gaps seen
+  int64_t first_loss_ns = 0;  // host time of the first and last loss
   int64_t last_loss_ns = 0;
-  uint64_t first_loss_index = 0; // index at (or just after) the first loss
+  uint64_t first_loss_index = 0;  // index at (or just after) the first loss
 };
 
 // The bounds a device's recorded times carry (TraceRecord::claim_ns), as
 // the daemon converted them (with --resync too: the offline fit's bound is
 // ReportSync::worst_uncertainty_ns).
 struct ReportClaims {
-  uint64_t records = 0;    // records with a converted time (claim or not)
-  uint64_t by_daemon = 0;  // TraceConversion::kModel
-  uint64_t by_device = 0;  // kDevice (mode B)
-  uint64_t forced = 0;     // kForced: converted after the longest wait
-  uint64_t unbounded = 0;  // without a bound (kClaimUnbounded): unsynchronized
+  uint64_t records = 0;            // records with a converted time (claim or not)
+  uint64_t by_daemon = 0;          // TraceConversion::kModel
+  uint64_t by_device = 0;          // kDevice (mode B)
+  uint64_t forced = 0;             // kForced: converted after the longest wait
+  uint64_t unbounded = 0;          // without a bound (kClaimUnbounded): unsynchronized
   int64_t unbounded_first_ns = 0;  // host times of the first and last of them
   int64_t unbounded_last_ns = 0;
   uint64_t unclaimed = 0;  // device times with no claim stored (older traces)
@@ -97,12 +97,12 @@ struct ReportClaims {
 // breaks), from the host time its first stored model puts its start at.
 struct ReportSegment {
   uint32_t segment = 0;
-  int64_t from_ns = 0;      // host time (INT64_MIN: the recording's start)
+  int64_t from_ns = 0;  // host time (INT64_MIN: the recording's start)
   uint64_t models = 0;
   uint64_t worst_model_ns = 0;  // the largest uncertainty of its models
-  uint64_t records = 0;     // device records whose converted time falls in it
+  uint64_t records = 0;         // device records whose converted time falls in it
   uint64_t worst_claim_ns = 0;  // their largest bounded claim
-  uint64_t unbounded = 0;   // of them, without a bound
+  uint64_t unbounded = 0;       // of them, without a bound
 };
 
 // How a device's clock stands against the host's, in the one sign
@@ -111,15 +111,15 @@ struct ReportSegment {
 struct ReportSync {
   uint16_t source = 0;
   std::string name;
-  bool synchronized = false;    // a valid model exists (else standing is zero)
+  bool synchronized = false;  // a valid model exists (else standing is zero)
   ClockStanding standing;
-  uint64_t uncertainty_ns = 0;  // that model's claimed bound, rounded up
-  uint64_t worst_uncertainty_ns = 0;  // the largest claim of any model of the recording
-  uint64_t samples = 0;         // sync samples stored for the device
-  uint64_t models = 0;          // clock models stored for the device
-  uint64_t segments = 0;        // distinct segments among them
-  bool resynced = false;        // figures are from the offline fit
-  ReportClaims claims;          // what the recorded times claim
+  uint64_t uncertainty_ns = 0;              // that model's claimed bound, rounded up
+  uint64_t worst_uncertainty_ns = 0;        // the largest claim of any model of the recording
+  uint64_t samples = 0;                     // sync samples stored for the device
+  uint64_t models = 0;                      // clock models stored for the device
+  uint64_t segments = 0;                    // distinct segments among them
+  bool resynced = false;                    // figures are from the offline fit
+  ReportClaims claims;                      // what the recorded times claim
   std::vector<ReportSegment> segment_list;  // in host-time order
 };
 
@@ -150,10 +150,10 @@ struct ReportOffCpuJob {
   int64_t latency_ns = 0;  // submit to complete
 };
 struct ReportOffCpu {
-  bool available = false;    // the trace has sched events and thread ids
-  uint64_t jobs = 0;         // complete jobs whose submitting thread is known
-  uint64_t jobs_off_cpu = 0; // of those, jobs during which it was off-CPU
-  LatencyStats off_cpu;      // over the jobs_off_cpu jobs
+  bool available = false;     // the trace has sched events and thread ids
+  uint64_t jobs = 0;          // complete jobs whose submitting thread is known
+  uint64_t jobs_off_cpu = 0;  // of those, jobs during which it was off-CPU
+  LatencyStats off_cpu;       // over the jobs_off_cpu jobs
   // Switch-ins the kernel did not deliver: a thread was seen running (its
   // record, syscall or uprobe) while switched out; it is taken to have run
   // from its last wakeup.

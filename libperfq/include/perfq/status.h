@@ -19,7 +19,7 @@ enum class Errc {
   kIo,               // a system call failed (errno in the message)
   kNotFound,
   kTimeout,
-  kUnavailable,      // the peer is gone or not ready
+  kUnavailable,  // the peer is gone or not ready
 };
 
 class [[nodiscard]] Status {
@@ -44,7 +44,7 @@ class [[nodiscard]] Status {
 template <class T>
 class [[nodiscard]] Result {
  public:
-  Result(T value) : v_(std::move(value)) {}  // NOLINT: implicit on purpose
+  Result(T value) : v_(std::move(value)) {}         // NOLINT: implicit on purpose
   Result(Status status) : v_(std::move(status)) {}  // NOLINT
 
   bool is_ok() const { return v_.index() == 0; }

@@ -46,12 +46,12 @@ inline constexpr uint32_t kTraceChunkMagic = 0x4b435150;  // "PQCK" little-endia
 inline constexpr uint32_t kTraceMaxChunkBytes = 16u << 20;
 
 enum class ChunkType : uint16_t {
-  kMetadata = 1,      // JSON text (TraceMetadata)
-  kRecords = 2,       // TraceRecord[] in host-time order, 48 B each
-  kSyncSamples = 3,   // TraceSyncSample[], 56 B each
-  kClockModels = 4,   // TraceClockModel[], 64 B each
-  kLoss = 5,          // TraceLoss[], 32 B each
-  kEnd = 6,           // TraceEnd: the writer closed the file cleanly
+  kMetadata = 1,     // JSON text (TraceMetadata)
+  kRecords = 2,      // TraceRecord[] in host-time order, 48 B each
+  kSyncSamples = 3,  // TraceSyncSample[], 56 B each
+  kClockModels = 4,  // TraceClockModel[], 64 B each
+  kLoss = 5,         // TraceLoss[], 32 B each
+  kEnd = 6,          // TraceEnd: the writer closed the file cleanly
 };
 const char* chunk_type_name(uint16_t type);
 
@@ -80,15 +80,15 @@ struct TraceThread {
 struct TraceSource {
   uint16_t id = 0;
   TraceSourceKind kind = TraceSourceKind::kHost;
-  std::string name;          // application name or device name
-  uint32_t pid = 0;          // host application: its pid (0 if unknown)
-  std::string pci_address;   // device: "0000:03:00.0" when known
-  std::string link;          // device: "Gen4 x8" when known (the current link)
-  std::optional<PciDevice> pci;  // device: its PCI facts when it is on a PCI bus
-  uint64_t clock_hz = 0;     // device: nominal rate of its clock D
-  uint64_t timer_hz = 0;     // device: nominal rate of its timer register R (0: unknown)
-  std::vector<EventInfo> events;  // the source's event dictionary
-  std::vector<TraceThread> threads;    // host application: its threads so far
+  std::string name;                  // application name or device name
+  uint32_t pid = 0;                  // host application: its pid (0 if unknown)
+  std::string pci_address;           // device: "0000:03:00.0" when known
+  std::string link;                  // device: "Gen4 x8" when known (the current link)
+  std::optional<PciDevice> pci;      // device: its PCI facts when it is on a PCI bus
+  uint64_t clock_hz = 0;             // device: nominal rate of its clock D
+  uint64_t timer_hz = 0;             // device: nominal rate of its timer register R (0: unknown)
+  std::vector<EventInfo> events;     // the source's event dictionary
+  std::vector<TraceThread> threads;  // host application: its threads so far
   bool operator==(const TraceSource&) const = default;
 
   const EventInfo* find_event(uint32_t event) const;
@@ -229,16 +229,21 @@ std::string standing_text(const ClockStanding& s);
 
 // Records a stream lost that cannot show up in the records themselves
 // (e.g. pushes refused by a full host ring that never got an index).
-enum class TraceLossReason : uint32_t { kUnknown = 0, kHostRingFull = 1, kDeviceQueueFull = 2,
-                                   kSharedQueueFull = 3, kInvalidRecord = 4,
-                                   kKernelBufferFull = 5 };
+enum class TraceLossReason : uint32_t {
+  kUnknown = 0,
+  kHostRingFull = 1,
+  kDeviceQueueFull = 2,
+  kSharedQueueFull = 3,
+  kInvalidRecord = 4,
+  kKernelBufferFull = 5
+};
 struct TraceLoss {
   uint16_t source = 0;
   uint16_t stream = 0;
   TraceLossReason reason = TraceLossReason::kUnknown;
-  uint64_t count = 0;        // records lost since the previous report
-  int64_t time_ns = 0;       // host time the loss was observed
-  uint64_t last_index = 0;   // last index seen on the stream before it (0 if none)
+  uint64_t count = 0;       // records lost since the previous report
+  int64_t time_ns = 0;      // host time the loss was observed
+  uint64_t last_index = 0;  // last index seen on the stream before it (0 if none)
   bool operator==(const TraceLoss&) const = default;
 };
 
@@ -313,7 +318,7 @@ class TraceVisitor {
 
 // What a read() got through.
 struct TraceReadSummary {
-  uint64_t chunks = 0;          // complete chunks delivered
+  uint64_t chunks = 0;  // complete chunks delivered
   uint64_t records = 0;
   uint64_t bytes = 0;           // offset just past the last complete chunk
   bool clean_end = false;       // an END chunk was read (writer closed cleanly)

@@ -14,9 +14,9 @@
 
 #include <fmt/format.h>
 
+#include "analysis/job_roles.h"
 #include "perfq_kevent.h"
 #include "sync/sync.h"
-#include "analysis/job_roles.h"
 
 namespace perfq {
 
@@ -25,13 +25,8 @@ namespace perfq {
 
 namespace {
 
-
-uint32_t stream_key(uint16_t source, uint16_t stream) {
-  return (uint32_t{source} << 16) | stream;
-}
-uint64_t event_key(uint16_t source, uint32_t event) {
-  return (uint64_t{source} << 32) | event;
-}
+uint32_t stream_key(uint16_t source, uint16_t stream) { return (uint32_t{source} << 16) | stream; }
+uint64_t event_key(uint16_t source, uint32_t event) { return (uint64_t{source} << 32) | event; }
 
 // Where losses were seen: loss reports arrive in file order (a loss chunk
 // written at the stop may come before records of earlier times), so first
@@ -65,8 +60,8 @@ struct StreamState {
 struct Job {
   int64_t t[4] = {};
   uint8_t mask = 0;
-  uint32_t tid = 0;            // the submitting thread, 0 if unknown
-  int64_t off_at_submit = 0;   // its off-CPU total at the submit
+  uint32_t tid = 0;           // the submitting thread, 0 if unknown
+  int64_t off_at_submit = 0;  // its off-CPU total at the submit
 };
 
 // A thread's time off the CPU so far, from its sched_switch out/in events
@@ -75,7 +70,9 @@ struct ThreadSched {
   int64_t off_total = 0;
   int64_t off_since = -1;  // switched out at, -1 while running
   int64_t woken_at = -1;   // its last wakeup while switched out
-  int64_t off_at(int64_t t) const { return off_total + (off_since >= 0 && t > off_since ? t - off_since : 0); }
+  int64_t off_at(int64_t t) const {
+    return off_total + (off_since >= 0 && t > off_since ? t - off_since : 0);
+  }
 };
 constexpr size_t kWorstOffCpu = 10;
 
@@ -107,7 +104,8 @@ class Analyzer : public TraceVisitor {
     sched_ = false;
     for (const auto& s : m.sources) {
       for (const auto& th : s.threads) tid_of_[stream_key(s.id, th.stream)] = th.tid;
-      if (s.kind == TraceSourceKind::kKernel && s.id == PERFQ_KERNEL_SOURCE && s.find_event(PERFQ_KEV_SCHED_OUT))
+      if (s.kind == TraceSourceKind::kKernel && s.id == PERFQ_KERNEL_SOURCE &&
+          s.find_event(PERFQ_KEV_SCHED_OUT))
         sched_ = true;
     }
     r_.jobs.off_cpu.available = r_.jobs.off_cpu.available || (sched_ && !tid_of_.empty());
@@ -264,8 +262,9 @@ class Analyzer : public TraceVisitor {
     r_.jobs.start_to_end = lat_[1].summary();
     r_.jobs.end_to_complete = lat_[2].summary();
     r_.jobs.off_cpu.off_cpu = off_cpu_.summary();
-    std::sort(worst_.begin(), worst_.end(),
-              [](const ReportOffCpuJob& a, const ReportOffCpuJob& b) { return a.off_cpu_ns > b.off_cpu_ns; });
+    std::sort(worst_.begin(), worst_.end(), [](const ReportOffCpuJob& a, const ReportOffCpuJob& b) {
+      return a.off_cpu_ns > b.off_cpu_ns;
+    });
     r_.jobs.off_cpu.worst = worst_;
   }
 
@@ -280,7 +279,6 @@ class Analyzer : public TraceVisitor {
     st.stat.stream = stream;
     return st;
   }
-
 
   // Event info, cached per (source, event).
   struct EvInfo {
@@ -369,11 +367,21 @@ class Analyzer : public TraceVisitor {
     ++c.totals.records;
     const bool bounded = in.conv != TraceConversion::kNone && in.claim_ns != kClaimUnbounded;
     switch (in.conv) {
-      case TraceConversion::kNone: ++c.totals.unclaimed; break;
-      case TraceConversion::kModel: ++c.totals.by_daemon; break;
-      case TraceConversion::kDevice: ++c.totals.by_device; break;
-      case TraceConversion::kForced: ++c.totals.forced; break;
-      default: ++c.totals.unclaimed; break;
+      case TraceConversion::kNone:
+        ++c.totals.unclaimed;
+        break;
+      case TraceConversion::kModel:
+        ++c.totals.by_daemon;
+        break;
+      case TraceConversion::kDevice:
+        ++c.totals.by_device;
+        break;
+      case TraceConversion::kForced:
+        ++c.totals.forced;
+        break;
+      default:
+        ++c.totals.unclaimed;
+        break;
     }
     if (in.conv != TraceConversion::kNone && in.claim_ns == kClaimUnbounded) {
       ReportClaims& t = c.totals;
@@ -480,8 +488,9 @@ class Analyzer : public TraceVisitor {
         if (worst_.size() < kWorstOffCpu) {
           worst_.push_back(w);
         } else {
-          auto min = std::min_element(worst_.begin(), worst_.end(),
-                                      [](const auto& a, const auto& b) { return a.off_cpu_ns < b.off_cpu_ns; });
+          auto min = std::min_element(
+              worst_.begin(), worst_.end(),
+              [](const auto& a, const auto& b) { return a.off_cpu_ns < b.off_cpu_ns; });
           if (min->off_cpu_ns < off) *min = w;
         }
       }
@@ -541,8 +550,8 @@ class SampleCollector : public TraceVisitor {
 // The sync module's whole-recording fit over a device's rounds, with its
 // nominal rates (a timer rate of 0 in old traces: the clock's rate).  Null
 // when the rates are unknown or nothing could be fitted.
-std::shared_ptr<const PiecewiseModel> offline_piecewise(const TraceSource* src,
-                                                        const std::vector<TraceSyncSample>& samples) {
+std::shared_ptr<const PiecewiseModel> offline_piecewise(
+    const TraceSource* src, const std::vector<TraceSyncSample>& samples) {
   const ClockRates rates = rates_of(src);
   if (!rates.validate().is_ok()) return nullptr;
   const std::vector<SyncRound> rounds = sync_rounds_of(samples);
@@ -571,7 +580,8 @@ Result<TraceReport> analyze_trace(const std::string& path, const TraceReportOpti
         // and the report says so rather than claim a resync.
         r.resync_notes.push_back(fmt::format(
             "source {}: no offline model ({} sync samples could not be fitted); its times are the "
-            "recording's own", src, samples.size()));
+            "recording's own",
+            src, samples.size()));
         continue;
       }
       // Summarize the whole-recording model by its last segment: offset at
@@ -580,8 +590,9 @@ Result<TraceReport> analyze_trace(const std::string& path, const TraceReportOpti
       rs.summary = knots.back();
       const int64_t dd = time_diff(knots.back().device_ref, knots.front().device_ref);
       if (dd > 0) {
-        const auto dh = static_cast<long double>(time_diff(
-            knots.back().to_host(knots.back().device_ref), knots.front().to_host(knots.front().device_ref)));
+        const auto dh =
+            static_cast<long double>(time_diff(knots.back().to_host(knots.back().device_ref),
+                                               knots.front().to_host(knots.front().device_ref)));
         rs.summary.ns_per_tick = dh / static_cast<long double>(dd);
       }
       // The worst claim of any segment's knots is the whole model's.

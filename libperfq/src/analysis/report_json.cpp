@@ -17,8 +17,8 @@ namespace {
 using nlohmann::ordered_json;
 
 ordered_json dist_json(const LatencyStats& d) {
-  return ordered_json{{"count", d.count}, {"min", d.min},  {"p50", d.p50}, {"p90", d.p90},
-                      {"p99", d.p99},     {"max", d.max},  {"mean", d.mean}};
+  return ordered_json{{"count", d.count}, {"min", d.min}, {"p50", d.p50},  {"p90", d.p90},
+                      {"p99", d.p99},     {"max", d.max}, {"mean", d.mean}};
 }
 
 ordered_json sources_json(const TraceReport& r) {
@@ -167,7 +167,9 @@ ordered_json jobs_json(const ReportJobs& jobs) {
 ordered_json off_cpu_json(const ReportOffCpu& oc) {
   ordered_json worst = ordered_json::array();
   for (const auto& w : oc.worst)
-    worst.push_back({{"corr_id", w.corr_id}, {"tid", w.tid}, {"off_cpu_ns", w.off_cpu_ns},
+    worst.push_back({{"corr_id", w.corr_id},
+                     {"tid", w.tid},
+                     {"off_cpu_ns", w.off_cpu_ns},
                      {"latency_ns", w.latency_ns}});
   return {{"jobs", oc.jobs},
           {"jobs_off_cpu", oc.jobs_off_cpu},

@@ -47,17 +47,19 @@ void claims_text(const ReportSync& d, Line& line) {
     line(fmt::format("  {:<24} each within its claim: p50 +-{} ns  p99 +-{} ns  worst +-{} ns", "",
                      c.claim_ns.p50, c.claim_ns.p99, c.claim_ns.max));
   if (c.unbounded)
-    line(fmt::format("  {:<24} UNSYNCHRONIZED: {} records have no bound (no sync round vouched for "
-                     "their time), from {} to {}",
-                     "", c.unbounded, c.unbounded_first_ns, c.unbounded_last_ns));
+    line(
+        fmt::format("  {:<24} UNSYNCHRONIZED: {} records have no bound (no sync round vouched for "
+                    "their time), from {} to {}",
+                    "", c.unbounded, c.unbounded_first_ns, c.unbounded_last_ns));
   if (d.segment_list.size() < 2) return;
   for (const auto& sg : d.segment_list) {
     const std::string from = sg.from_ns == INT64_MIN ? "start" : std::to_string(sg.from_ns);
-    line(fmt::format("  {:<24} segment {} from {}: {} records, worst claim +-{} ns{}  ({} models, "
-                     "loosest +-{} ns)",
-                     "", sg.segment, from, sg.records, sg.worst_claim_ns,
-                     sg.unbounded ? fmt::format(", {} unsynchronized", sg.unbounded) : "",
-                     sg.models, sg.worst_model_ns));
+    line(
+        fmt::format("  {:<24} segment {} from {}: {} records, worst claim +-{} ns{}  ({} models, "
+                    "loosest +-{} ns)",
+                    "", sg.segment, from, sg.records, sg.worst_claim_ns,
+                    sg.unbounded ? fmt::format(", {} unsynchronized", sg.unbounded) : "", sg.models,
+                    sg.worst_model_ns));
   }
 }
 
@@ -69,8 +71,8 @@ void pci_text(const TraceReport& r, Line& line) {
     if (!pci_header) line("pci");
     pci_header = true;
     const PciDevice& d = *s.pci;
-    std::string where = fmt::format("  {:<24} {}  {} [{}]", s.name, d.address, d.display_name(),
-                                    d.ids_text());
+    std::string where =
+        fmt::format("  {:<24} {}  {} [{}]", s.name, d.address, d.display_name(), d.ids_text());
     if (d.driver) where += "  driver " + *d.driver;
     if (d.numa_node) where += fmt::format("  numa node {}", *d.numa_node);
     if (d.iommu_group) where += fmt::format("  iommu group {}", *d.iommu_group);
@@ -91,10 +93,11 @@ void records_text(const TraceReport& r, Line& line) {
   line(fmt::format("lost          host {}  device {}", r.lost_host, r.lost_device));
   for (const auto& s : r.streams) {
     if (!s.lost && !s.loss_events) continue;
-    line(fmt::format("  {:<24} stream {:<5} lost {} (reported {}, index gaps {}) in {} events, "
-                     "first at {} (index {}), last at {}",
-                     source_name(r, s.source), s.stream, s.lost, s.reported_lost, s.gap_lost,
-                     s.loss_events, s.first_loss_ns, s.first_loss_index, s.last_loss_ns));
+    line(
+        fmt::format("  {:<24} stream {:<5} lost {} (reported {}, index gaps {}) in {} events, "
+                    "first at {} (index {}), last at {}",
+                    source_name(r, s.source), s.stream, s.lost, s.reported_lost, s.gap_lost,
+                    s.loss_events, s.first_loss_ns, s.first_loss_index, s.last_loss_ns));
   }
 }
 
@@ -104,14 +107,16 @@ void sync_text(const TraceReport& r, Line& line) {
   if (r.sync.empty()) line("  no devices");
   for (const auto& d : r.sync) {
     if (!d.synchronized) {
-      line(fmt::format("  {:<24} not synchronized (no clock model)  samples {}", d.name, d.samples));
+      line(
+          fmt::format("  {:<24} not synchronized (no clock model)  samples {}", d.name, d.samples));
       continue;
     }
     line(fmt::format("  {:<24} {}{}", d.name, standing_text(d.standing),
                      d.resynced ? "  (offline resync)" : ""));
-    line(fmt::format("  {:<24} bound +-{} ns (worst of the recording +-{} ns)  samples {}  models {}  "
-                     "segments {}",
-                     "", d.uncertainty_ns, d.worst_uncertainty_ns, d.samples, d.models, d.segments));
+    line(fmt::format(
+        "  {:<24} bound +-{} ns (worst of the recording +-{} ns)  samples {}  models {}  "
+        "segments {}",
+        "", d.uncertainty_ns, d.worst_uncertainty_ns, d.samples, d.models, d.segments));
     claims_text(d, line);
   }
   for (const auto& n : r.resync_notes) line("  note: " + n);
@@ -125,11 +130,12 @@ void jobs_text(const TraceReport& r, Line& line) {
   line(fmt::format("  end->complete   {}", dist_text(r.jobs.end_to_complete)));
   if (r.jobs.off_cpu.available) {
     const auto& oc = r.jobs.off_cpu;
-    line(fmt::format("  submitting thread off-CPU during {} of {} jobs: {}", oc.jobs_off_cpu, oc.jobs,
-                     dist_text(oc.off_cpu)));
+    line(fmt::format("  submitting thread off-CPU during {} of {} jobs: {}", oc.jobs_off_cpu,
+                     oc.jobs, dist_text(oc.off_cpu)));
     for (const auto& w : oc.worst)
       line(fmt::format("    job {:#x} (tid {}): off-CPU {:.1f} us of {:.1f} us", w.corr_id, w.tid,
-                       static_cast<double>(w.off_cpu_ns) / 1e3, static_cast<double>(w.latency_ns) / 1e3));
+                       static_cast<double>(w.off_cpu_ns) / 1e3,
+                       static_cast<double>(w.latency_ns) / 1e3));
   }
 }
 
@@ -147,8 +153,9 @@ std::string report_to_text(const TraceReport& r) {
     line("note: no end chunk (the writer did not close the file); all chunks are complete");
   }
   pci_text(r, line);
-  line(fmt::format("duration      {}{}", ns_text(r.duration_ns),
-                   r.duration_of_recording ? "" : " (first to last record: the recorder stated no interval)"));
+  line(fmt::format(
+      "duration      {}{}", ns_text(r.duration_ns),
+      r.duration_of_recording ? "" : " (first to last record: the recorder stated no interval)"));
   records_text(r, line);
   sync_text(r, line);
   line("events");
@@ -158,7 +165,8 @@ std::string report_to_text(const TraceReport& r) {
   }
   line("durations (begin/end)");
   for (const auto& p : r.pairs) {
-    line(fmt::format("  {:<24} {:<24} {}", source_name(r, p.source), p.name, dist_text(p.duration)));
+    line(
+        fmt::format("  {:<24} {:<24} {}", source_name(r, p.source), p.name, dist_text(p.duration)));
   }
   if (r.unmatched_ends) line(fmt::format("  {} end records had no open begin", r.unmatched_ends));
   jobs_text(r, line);

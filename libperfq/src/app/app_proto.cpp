@@ -5,9 +5,9 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <fmt/format.h>
 #include <cerrno>
 #include <cstring>
-#include <fmt/format.h>
 
 namespace perfq {
 
@@ -45,6 +45,5 @@ Status parse_events(const nlohmann::json& arr, size_t max_id, std::vector<EventI
   }
   return Status::ok();
 }
-
 
 }  // namespace perfq

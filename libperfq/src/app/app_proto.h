@@ -30,9 +30,9 @@
 #include <nlohmann/json.hpp>
 #include <vector>
 
-#include "perfq/event_info.h"
 #include "app/json_lines.h"
 #include "core/mapping.h"
+#include "perfq/event_info.h"
 #include "perfq/status.h"
 
 namespace perfq {

@@ -43,11 +43,11 @@
 #include <vector>
 
 #include "app/app_proto.h"
-#include "device/device_clock.h"
 #include "app/host_clock.h"
 #include "core/mapping.h"
-#include "perfq/perfq.h"
 #include "core/spsc_ring.h"
+#include "device/device_clock.h"
+#include "perfq/perfq.h"
 
 #define PERFQ_UNLIKELY(x) __builtin_expect(!!(x), 0)
 
@@ -75,7 +75,7 @@ inline void bump(std::atomic<uint64_t>& c) noexcept {
 
 struct ThreadState {
   // Hot: written by the owner thread only (under the client mutex).
-  uint64_t gen = 0;  // 0: never seen any generation
+  uint64_t gen = 0;                      // 0: never seen any generation
   perfq_app_ring_header* hdr = nullptr;  // null: no ring in this generation
   perfq_spsc_header* spsc = nullptr;
   SpscProducer<perfq_record> producer;
@@ -180,8 +180,7 @@ class Client {
   std::vector<EventInfo> events_;  // id = index + 1
   std::unordered_map<std::string, uint32_t> by_name_;
   std::vector<ThreadState*> threads_;
-  uint64_t exited_recorded_ = 0, exited_lost_ = 0, exited_dropped_ = 0,
-           exited_not_recording_ = 0;
+  uint64_t exited_recorded_ = 0, exited_lost_ = 0, exited_dropped_ = 0, exited_not_recording_ = 0;
   uint64_t connections_ = 0;
 };
 
@@ -370,7 +369,8 @@ void Client::connector_main() {
       rbuf_.clear();
       if (events_.size() > sent) {
         json j = {{"cmd", "events"}, {"events", json::array()}};
-        for (size_t i = sent; i < events_.size(); ++i) j["events"].push_back(event_to_json(events_[i]));
+        for (size_t i = sent; i < events_.size(); ++i)
+          j["events"].push_back(event_to_json(events_[i]));
         if (!request_locked(j, nullptr)) {
           conn_.reset();
           broken_ = false;
@@ -386,7 +386,8 @@ void Client::connector_main() {
     }
     host_clock_update();  // calibrating before the daemon is there
     if (wait_stop(backoff)) return;
-    backoff = std::min(backoff * 2, std::chrono::duration_cast<std::chrono::milliseconds>(kBackoffMax));
+    backoff =
+        std::min(backoff * 2, std::chrono::duration_cast<std::chrono::milliseconds>(kBackoffMax));
   }
 }
 
@@ -447,7 +448,7 @@ int Client::acquire_ring_locked(ThreadState* t) {
       hdr->stream != stream)
     return -EPROTO;
   auto ring = SpscRingMemory<perfq_record>::attach(base + PERFQ_APP_RING_OFFSET_SPSC,
-                                                    m->size() - PERFQ_APP_RING_OFFSET_SPSC);
+                                                   m->size() - PERFQ_APP_RING_OFFSET_SPSC);
   if (!ring || ring->capacity() != cap) return -EPROTO;
   t->mapping = std::move(*m);
   t->spsc = ring->header();
@@ -519,8 +520,8 @@ uint32_t Client::register_event(const char* name, int kind) {
     // Known to the daemon before any record can carry the id.  A failure
     // breaks the connection; the next one sends every event in the hello.
     if (usable_locked())
-      (void)request_locked({{"cmd", "events"}, {"events", json::array({event_to_json(events_.back())})}},
-                           nullptr);
+      (void)request_locked(
+          {{"cmd", "events"}, {"events", json::array({event_to_json(events_.back())})}}, nullptr);
     return id;
   } catch (...) {
     return 0;
@@ -545,9 +546,9 @@ int Client::thread_init(const char* name) {
 bool Client::wait_connected(int timeout_ms) {
   ensure_started();
   std::unique_lock l(mu_);
-  return cv_.wait_for(l, std::chrono::milliseconds(std::max(timeout_ms, 0)),
-                      [&] { return usable_locked() || stopping_; }) &&
-         usable_locked();
+  return cv_.wait_for(l, std::chrono::milliseconds(std::max(timeout_ms, 0)), [&] {
+    return usable_locked() || stopping_;
+  }) && usable_locked();
 }
 
 void Client::stats(perfq_stats* out) {
@@ -595,8 +596,8 @@ inline void record(uint32_t event, unsigned kind, uint64_t arg) noexcept {
     bump(t->not_recording);
     return;
   }
-  const perfq_record r{t->producer.tail(), event, t->stream,
-                       PERFQ_FLAGS(kind, PERFQ_CLOCK_HOST), host_clock_ns(), arg};
+  const perfq_record r{t->producer.tail(), event, t->stream, PERFQ_FLAGS(kind, PERFQ_CLOCK_HOST),
+                       host_clock_ns(),    arg};
   // Full ring: refused, never overwritten, counted in the header for the daemon.
   if (PERFQ_UNLIKELY(!t->producer.try_push(r)))
     store_relaxed(&t->spsc->lost, load_relaxed(&t->spsc->lost) + 1);
@@ -630,9 +631,7 @@ void perfq_record_event(uint32_t event, int kind, uint64_t arg) {
     perfq::record(event, static_cast<unsigned>(kind), arg);
 }
 
-int perfq_thread_init(const char* thread_name) {
-  return perfq::client().thread_init(thread_name);
-}
+int perfq_thread_init(const char* thread_name) { return perfq::client().thread_init(thread_name); }
 
 int perfq_wait_connected(int timeout_ms) {
   return perfq::client().wait_connected(timeout_ms) ? 1 : 0;

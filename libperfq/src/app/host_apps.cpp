@@ -54,12 +54,12 @@ struct App {
   uint16_t source = 0;
   uint32_t pid = 0;
   std::string name;
-  UniqueFd fd;     // I/O thread (and adopt, before the app is listed)
-  LineBuffer in;   // I/O thread
-  bool connected = true;  // under mu
-  bool changed = true;    // dictionary not yet taken; under mu
-  std::vector<EventInfo> events;  // under mu
-  std::vector<TraceThread> threads;    // every ring's thread so far; under mu
+  UniqueFd fd;                       // I/O thread (and adopt, before the app is listed)
+  LineBuffer in;                     // I/O thread
+  bool connected = true;             // under mu
+  bool changed = true;               // dictionary not yet taken; under mu
+  std::vector<EventInfo> events;     // under mu
+  std::vector<TraceThread> threads;  // every ring's thread so far; under mu
   // id -> registered; replaced (never modified) under mu, read by drain.
   std::shared_ptr<const std::vector<uint8_t>> known;
   std::vector<std::shared_ptr<Ring>> rings;  // under mu
@@ -73,11 +73,11 @@ struct HostApps::Impl {
 
   HostAppsOptions opts;
   mutable std::mutex mu;
-  bool recording;                            // under mu
-  std::vector<std::shared_ptr<App>> apps;    // under mu; connected or with rings left
-  uint32_t next_source = 0;                  // under mu
-  bool stopping = false;                     // under mu
-  UniqueFd wake;                             // eventfd: wakes the I/O thread
+  bool recording;                          // under mu
+  std::vector<std::shared_ptr<App>> apps;  // under mu; connected or with rings left
+  uint32_t next_source = 0;                // under mu
+  bool stopping = false;                   // under mu
+  UniqueFd wake;                           // eventfd: wakes the I/O thread
   std::thread io;
 
   // Collector thread only.
@@ -91,8 +91,8 @@ struct HostApps::Impl {
 
   // Add events to an app (under mu); error if an id is reused for another name.
   Status add_events_locked(App& app, const std::vector<EventInfo>& evs) {
-    auto known = std::make_shared<std::vector<uint8_t>>(app.known ? *app.known
-                                                                  : std::vector<uint8_t>{});
+    auto known =
+        std::make_shared<std::vector<uint8_t>>(app.known ? *app.known : std::vector<uint8_t>{});
     std::vector<EventInfo> added;
     for (const auto& e : evs) {
       if (e.event < known->size() && (*known)[e.event]) {
@@ -122,7 +122,8 @@ struct HostApps::Impl {
     bytes = (bytes + PERFQ_PAGE_SIZE - 1) / PERFQ_PAGE_SIZE * PERFQ_PAGE_SIZE;
     UniqueFd fd(::memfd_create("perfq-app-ring", MFD_CLOEXEC | MFD_ALLOW_SEALING));
     if (!fd.valid()) return Status::from_errno("memfd_create");
-    if (::ftruncate(fd.get(), static_cast<off_t>(bytes)) != 0) return Status::from_errno("ftruncate");
+    if (::ftruncate(fd.get(), static_cast<off_t>(bytes)) != 0)
+      return Status::from_errno("ftruncate");
     // The application can neither shrink the file under our mapping (SIGBUS) nor grow it.
     if (::fcntl(fd.get(), F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0)
       return Status::from_errno("seal memfd");
@@ -145,8 +146,8 @@ struct HostApps::Impl {
     size_t live = 0;
     for (const auto& r : app->rings) live += r->retired ? 0 : 1;
     if (live >= opts.max_threads_per_app)
-      return Status(Errc::kInvalidArgument, "too many threads (max " +
-                                                std::to_string(opts.max_threads_per_app) + ")");
+      return Status(Errc::kInvalidArgument,
+                    "too many threads (max " + std::to_string(opts.max_threads_per_app) + ")");
     if (app->next_stream > 0xffff)
       return Status(Errc::kInvalidArgument, "stream ids of this application exhausted");
     ring->source = app->source;
@@ -168,8 +169,7 @@ struct HostApps::Impl {
   // I/O thread: serve one request line; false ends the connection.
   bool handle_line(const std::shared_ptr<App>& app, const std::string& line) {
     const json req = json::parse(line, nullptr, false);
-    if (req.is_discarded() || !req.is_object() || !req.contains("cmd") ||
-        !req["cmd"].is_string())
+    if (req.is_discarded() || !req.is_object() || !req.contains("cmd") || !req["cmd"].is_string())
       return send_line(app->fd.get(), error_reply("malformed request: expected a JSON object "
                                                   "with a \"cmd\""))
           .is_ok();
@@ -274,8 +274,8 @@ struct HostApps::Impl {
     // Read the end markers before peeking: pairs with the application's
     // store_release of `finished` after its last tail (and the process being
     // gone after EOF); an empty ring after this is empty for good.
-    const bool gone = r.app_gone.load(std::memory_order_acquire) ||
-                      load_acquire(&r.hdr->finished) != 0;
+    const bool gone =
+        r.app_gone.load(std::memory_order_acquire) || load_acquire(&r.hdr->finished) != 0;
     size_t handed = 0;
     auto s = r.consumer.peek(max);
     if (r.consumer.fault()) {
@@ -298,8 +298,9 @@ struct HostApps::Impl {
         r.last_index = rec_i.index;
       }
       r.consumer.release(s.size());
-      if (invalid) r.invalid.store(r.invalid.load(std::memory_order_relaxed) + invalid,
-                                   std::memory_order_relaxed);
+      if (invalid)
+        r.invalid.store(r.invalid.load(std::memory_order_relaxed) + invalid,
+                        std::memory_order_relaxed);
       r.records.store(r.records.load(std::memory_order_relaxed) + batch.size(),
                       std::memory_order_relaxed);
       if (!rec) {
@@ -407,9 +408,9 @@ Status HostApps::adopt(UniqueFd conn, const nlohmann::json& hello, const struct 
     // Reply before the I/O thread sees the connection: the app sends nothing
     // before it has read this line.
     if (Status s = send_line(conn.get(), dump({{"ok", true},
-                                                {"source", app->source},
-                                                {"ring_records", impl_->opts.ring_records},
-                                                {"recording", rec}}));
+                                               {"source", app->source},
+                                               {"ring_records", impl_->opts.ring_records},
+                                               {"recording", rec}}));
         !s)
       return s;
     app->fd = std::move(conn);

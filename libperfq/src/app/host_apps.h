@@ -52,12 +52,12 @@
 namespace perfq {
 
 struct HostAppsOptions {
-  uint64_t ring_records = 1 << 16;  // records per thread ring, a power of two (2 MiB)
-  uint16_t first_source_id = 256;   // sources are numbered from here, never reused
-  size_t max_apps = 1024;           // connected applications at a time
+  uint64_t ring_records = 1 << 16;    // records per thread ring, a power of two (2 MiB)
+  uint16_t first_source_id = 256;     // sources are numbered from here, never reused
+  size_t max_apps = 1024;             // connected applications at a time
   size_t max_threads_per_app = 1024;  // live rings of one application
   size_t max_events_per_app = 65535;  // event ids 1..max_events_per_app
-  bool recording = false;           // initial set_recording() state
+  bool recording = false;             // initial set_recording() state
 };
 
 class HostApps {
@@ -111,8 +111,8 @@ class HostApps {
     uint64_t lost = 0;       // ring full in the application (ring header)
     uint64_t invalid = 0;    // records refused by validation
     uint64_t fill = 0, capacity = 0;
-    bool alive = false;      // thread and application still running
-    std::string error;       // why the ring was retired early, if it was
+    bool alive = false;  // thread and application still running
+    std::string error;   // why the ring was retired early, if it was
   };
   std::vector<StreamStats> stats() const;  // any thread; live rings only
   size_t apps() const;                     // connected applications

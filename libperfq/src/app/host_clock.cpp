@@ -65,7 +65,8 @@ TscCalibrator::Action TscCalibrator::add(const TscPoint& p) {
     return Action::kNone;
   }
   const TscPoint& o = points_[0];
-  const long double rate = static_cast<long double>(p.ns - o.ns) / static_cast<long double>(p.tsc - o.tsc);
+  const long double rate =
+      static_cast<long double>(p.ns - o.ns) / static_cast<long double>(p.tsc - o.tsc);
   if (!(rate >= 0.05L && rate <= 20.0L)) return Action::kDisable;  // 50 MHz .. 20 GHz
   if (!has_map_) {
     interval_ = next;
@@ -229,8 +230,7 @@ std::chrono::milliseconds host_clock_update() noexcept {
     g_updater.enabled.store(tsc_usable() ? 1 : 0, std::memory_order_relaxed);
   if (g_updater.enabled.load(std::memory_order_relaxed) == 0) return milliseconds::max();
   const uint64_t now = monotonic_ns();
-  if (now < g_updater.due_ns)
-    return milliseconds((g_updater.due_ns - now + 999'999) / 1'000'000);
+  if (now < g_updater.due_ns) return milliseconds((g_updater.due_ns - now + 999'999) / 1'000'000);
   switch (g_updater.cal.add(host_clock_sample())) {
     case TscCalibrator::Action::kPublish:
       publish(g_updater.cal.map());

@@ -78,10 +78,10 @@ class TscCalibrator {
  public:
   enum class Action { kNone, kPublish, kWithdraw, kDisable };
 
-  static constexpr uint64_t kWindowNs = 4'000'000'000;    // the rate's baseline, at most
+  static constexpr uint64_t kWindowNs = 4'000'000'000;  // the rate's baseline, at most
   static constexpr size_t kMaxPoints = 64;
-  static constexpr double kCloseNs = 500;   // an error below this lets the interval grow
-  static constexpr double kFarNs = 2'000;   // one above this shortens it
+  static constexpr double kCloseNs = 500;  // an error below this lets the interval grow
+  static constexpr double kFarNs = 2'000;  // one above this shortens it
   static constexpr uint64_t kMinBaselineNs = 100'000'000;  // before the first map
   static constexpr uint64_t kResetNs = 1'000'000;          // a larger error restarts
   static constexpr double kMaxSlew = 500e-6;               // steering, relative to the rate

@@ -26,8 +26,8 @@ Result<perfq_region_header> layout_region(const RegionGeometry& g) {
   if (!is_pow2(g.ring_capacity) || g.ring_capacity < PERFQ_RING_CAPACITY_MIN ||
       g.ring_capacity > PERFQ_RING_CAPACITY_MAX)
     return Status(Errc::kInvalidArgument,
-                  fmt::format("ring capacity {} is not a power of two in [{}, {}]",
-                              g.ring_capacity, PERFQ_RING_CAPACITY_MIN, PERFQ_RING_CAPACITY_MAX));
+                  fmt::format("ring capacity {} is not a power of two in [{}, {}]", g.ring_capacity,
+                              PERFQ_RING_CAPACITY_MIN, PERFQ_RING_CAPACITY_MAX));
   if (g.device_name.empty() || g.device_name.size() >= PERFQ_DEVICE_NAME_LEN)
     return Status(Errc::kInvalidArgument,
                   fmt::format("device name must be 1..{} characters", PERFQ_DEVICE_NAME_LEN - 1));
@@ -39,8 +39,8 @@ Result<perfq_region_header> layout_region(const RegionGeometry& g) {
     return Status(Errc::kInvalidArgument,
                   fmt::format("clock rates must be 1..{} Hz", PERFQ_CLOCK_HZ_MAX));
   if (g.features & ~PERFQ_FEAT_ALL)
-    return Status(Errc::kInvalidArgument, fmt::format("unknown feature bits {:#x}",
-                                                      g.features & ~PERFQ_FEAT_ALL));
+    return Status(Errc::kInvalidArgument,
+                  fmt::format("unknown feature bits {:#x}", g.features & ~PERFQ_FEAT_ALL));
 
   perfq_region_header h;
   std::memset(&h, 0, sizeof(h));
@@ -72,16 +72,18 @@ Status validate_region_header(const perfq_region_header& h, uint64_t mapped_len)
   const perfq_header_check c = perfq_check_region_header(&h, mapped_len);
   const char* n = perfq_section_name(c.index);
   switch (c.fault) {
-    case PERFQ_HDR_OK: return Status::ok();
+    case PERFQ_HDR_OK:
+      return Status::ok();
     case PERFQ_HDR_SHORT:
-      return corrupt(fmt::format("region of {} bytes is smaller than its {}-byte header", c.a, c.b));
+      return corrupt(
+          fmt::format("region of {} bytes is smaller than its {}-byte header", c.a, c.b));
     case PERFQ_HDR_MAGIC:
-      return corrupt(fmt::format(
-          "magic {:#018x} is not {:#018x} (not a perfq region, or not initialized yet)", c.a,
-          PERFQ_REGION_MAGIC));
+      return corrupt(
+          fmt::format("magic {:#018x} is not {:#018x} (not a perfq region, or not initialized yet)",
+                      c.a, PERFQ_REGION_MAGIC));
     case PERFQ_HDR_ABI_VERSION:
-      return corrupt(fmt::format("abi_version {} is not the supported version {}", c.a,
-                                 PERFQ_ABI_VERSION));
+      return corrupt(
+          fmt::format("abi_version {} is not the supported version {}", c.a, PERFQ_ABI_VERSION));
     case PERFQ_HDR_HEADER_SIZE:
       return corrupt(fmt::format("header_size {} is not {}", c.a, sizeof(perfq_region_header)));
     case PERFQ_HDR_FEATURES:
@@ -95,37 +97,39 @@ Status validate_region_header(const perfq_region_header& h, uint64_t mapped_len)
       return corrupt(fmt::format("ring_capacity {} is not a power of two in [{}, {}]", c.a,
                                  PERFQ_RING_CAPACITY_MIN, PERFQ_RING_CAPACITY_MAX));
     case PERFQ_HDR_DICT_CAPACITY:
-      return corrupt(fmt::format("dict_capacity {} does not fit in the region of {} bytes", c.a,
-                                 c.b));
+      return corrupt(
+          fmt::format("dict_capacity {} does not fit in the region of {} bytes", c.a, c.b));
     case PERFQ_HDR_DEVICE_CLOCK_HZ:
       return corrupt(fmt::format("device_clock_hz {} is outside 1..{}", c.a, PERFQ_CLOCK_HZ_MAX));
     case PERFQ_HDR_TIMER_HZ:
       return corrupt(fmt::format("timer_hz {} is outside 1..{}", c.a, PERFQ_CLOCK_HZ_MAX));
     case PERFQ_HDR_NAME_UNTERMINATED:
       return corrupt("device_name has no terminating NUL in its 64 bytes");
-    case PERFQ_HDR_NAME_EMPTY: return corrupt("device_name is empty");
+    case PERFQ_HDR_NAME_EMPTY:
+      return corrupt("device_name is empty");
     case PERFQ_HDR_NAME_BYTE:
-      return corrupt(fmt::format("device_name has a non-printable byte {:#04x} at offset {}", c.a,
-                                 c.index));
+      return corrupt(
+          fmt::format("device_name has a non-printable byte {:#04x} at offset {}", c.a, c.index));
     case PERFQ_HDR_NAME_TAIL:
-      return corrupt(fmt::format("device_name has a nonzero byte {:#04x} after its NUL at offset {}",
-                                 c.a, c.index));
+      return corrupt(fmt::format(
+          "device_name has a nonzero byte {:#04x} after its NUL at offset {}", c.a, c.index));
     case PERFQ_HDR_SECTION_ALIGN:
-      return corrupt(fmt::format("sections[{}] offset {} size {} is not page aligned", n, c.a, c.b));
+      return corrupt(
+          fmt::format("sections[{}] offset {} size {} is not page aligned", n, c.a, c.b));
     case PERFQ_HDR_SECTION_BOUNDS:
       return corrupt(fmt::format("sections[{}] offset {} size {} runs past region_size {}", n, c.a,
                                  c.b, h.region_size));
     case PERFQ_HDR_SECTION_SMALL:
-      return corrupt(fmt::format("sections[{}] size {} is smaller than the {} bytes it must hold", n,
-                                 c.a, c.b));
+      return corrupt(fmt::format("sections[{}] size {} is smaller than the {} bytes it must hold",
+                                 n, c.a, c.b));
     case PERFQ_HDR_HEADER_OFFSET:
       return corrupt(fmt::format("sections[header] offset {} is not 0", c.a));
     case PERFQ_HDR_SECTION_OVERLAP: {
       const perfq_section& x = h.sections[c.index];
       const perfq_section& y = h.sections[c.index2];
-      return corrupt(fmt::format("sections[{}] [{}, {}) overlaps sections[{}] [{}, {})", n, x.offset,
-                                 x.offset + x.size, perfq_section_name(c.index2), y.offset,
-                                 y.offset + y.size));
+      return corrupt(fmt::format("sections[{}] [{}, {}) overlaps sections[{}] [{}, {})", n,
+                                 x.offset, x.offset + x.size, perfq_section_name(c.index2),
+                                 y.offset, y.offset + y.size));
     }
     case PERFQ_HDR_RESERVED:
       return corrupt(fmt::format("reserved[{}] is {:#x}, must be zero", c.index, c.a));
@@ -138,9 +142,9 @@ Status Region::write_layout(uint8_t* base, uint64_t len, const RegionGeometry& g
   auto h = layout_region(g);
   if (!h) return h.status();
   if (h->region_size > len)
-    return Status(Errc::kInvalidArgument,
-                  fmt::format("the region needs {} bytes, only {} are available", h->region_size,
-                              len));
+    return Status(
+        Errc::kInvalidArgument,
+        fmt::format("the region needs {} bytes, only {} are available", h->region_size, len));
   std::memset(base, 0, h->region_size);
   auto* hdr = reinterpret_cast<perfq_region_header*>(base);
   perfq_region_header copy = *h;
@@ -190,9 +194,9 @@ Result<Region> Region::open(const std::string& path) {
   if (::fstat(fd.get(), &st) != 0) return Status::from_errno("stat region " + path);
   const auto len = static_cast<uint64_t>(st.st_size);
   if (len < sizeof(perfq_region_header))
-    return Status(Errc::kCorrupt,
-                  fmt::format("region {}: file of {} bytes is smaller than a region header", path,
-                              len));
+    return Status(
+        Errc::kCorrupt,
+        fmt::format("region {}: file of {} bytes is smaller than a region header", path, len));
   auto map = Mapping::map_shared(fd.get(), len, "region " + path);
   if (!map) return map.status();
   auto r = attach(map->get(), len);
@@ -203,7 +207,8 @@ Result<Region> Region::open(const std::string& path) {
 
 Result<Region> Region::attach(void* base, uint64_t len) {
   if (len < sizeof(perfq_region_header))
-    return Status(Errc::kCorrupt, fmt::format("region of {} bytes is smaller than its header", len));
+    return Status(Errc::kCorrupt,
+                  fmt::format("region of {} bytes is smaller than its header", len));
   auto* hdr = static_cast<perfq_region_header*>(base);
   perfq_region_header copy;
   // Pairs with the device's store_release of the magic (write_layout).

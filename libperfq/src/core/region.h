@@ -17,8 +17,8 @@
 #include <string>
 
 #include "core/mapping.h"
-#include "perfq/perfq_abi.h"
 #include "core/ring.h"
+#include "perfq/perfq_abi.h"
 #include "perfq/status.h"
 
 namespace perfq {

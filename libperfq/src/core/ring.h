@@ -57,11 +57,11 @@ inline constexpr bool is_pow2(uint64_t v) noexcept { return v != 0 && (v & (v - 
 struct RingFault {
   enum class Kind : uint8_t {
     kNone = 0,
-    kTailBehindHead,    // consumer: tail < head
-    kTailTooFarAhead,   // consumer: tail - head > capacity
+    kTailBehindHead,      // consumer: tail < head
+    kTailTooFarAhead,     // consumer: tail - head > capacity
     kTailMovedBackwards,  // consumer: tail < a tail seen before
-    kHeadAheadOfTail,   // producer: head > tail
-    kHeadTooFarBehind,  // producer: tail - head > capacity
+    kHeadAheadOfTail,     // producer: head > tail
+    kHeadTooFarBehind,    // producer: tail - head > capacity
     kHeadMovedBackwards,  // producer: head < a head seen before
   };
   Kind kind = Kind::kNone;

@@ -13,8 +13,8 @@
 #include <new>
 #include <stdexcept>
 
-#include "perfq/perfq_abi.h"
 #include "core/ring.h"
+#include "perfq/perfq_abi.h"
 #include "perfq/status.h"
 
 namespace perfq {
@@ -55,13 +55,11 @@ class SpscRingMemory {
     if (load_acquire(&h->magic) != PERFQ_SPSC_MAGIC)
       return Status(Errc::kCorrupt, "ring header: bad magic");
     if (h->version != PERFQ_ABI_VERSION)
-      return Status(Errc::kCorrupt,
-                    "ring header: ABI version " + std::to_string(h->version) + ", expected " +
-                        std::to_string(PERFQ_ABI_VERSION));
+      return Status(Errc::kCorrupt, "ring header: ABI version " + std::to_string(h->version) +
+                                        ", expected " + std::to_string(PERFQ_ABI_VERSION));
     if (h->element_size != sizeof(T))
-      return Status(Errc::kCorrupt, "ring header: element_size " +
-                                        std::to_string(h->element_size) + ", expected " +
-                                        std::to_string(sizeof(T)));
+      return Status(Errc::kCorrupt, "ring header: element_size " + std::to_string(h->element_size) +
+                                        ", expected " + std::to_string(sizeof(T)));
     const uint64_t cap = h->capacity;
     if (!is_pow2(cap) || cap > PERFQ_RING_CAPACITY_MAX || len < bytes_for(cap))
       return Status(Errc::kCorrupt, "ring header: capacity " + std::to_string(cap) +

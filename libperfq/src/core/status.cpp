@@ -31,8 +31,8 @@ std::string RingFault::describe() const {
       return fmt::format("head {} is ahead of tail {} (previous head {}, capacity {})", seen, own,
                          previous, capacity);
     case Kind::kHeadTooFarBehind:
-      return fmt::format("head {} is more than capacity {} behind tail {} (previous head {})",
-                         seen, capacity, own, previous);
+      return fmt::format("head {} is more than capacity {} behind tail {} (previous head {})", seen,
+                         capacity, own, previous);
     case Kind::kHeadMovedBackwards:
       return fmt::format("head moved backwards from {} to {} (tail {}, capacity {})", previous,
                          seen, own, capacity);

@@ -52,8 +52,7 @@ size_t DeviceCollector::pass() {
     const uint64_t now = monotonic_ns();
     if (now >= next_mailbox_poll_) {
       poll_mailbox();
-      next_mailbox_poll_ =
-          now + static_cast<uint64_t>(opts_.mailbox_poll.count()) * 1'000'000ull;
+      next_mailbox_poll_ = now + static_cast<uint64_t>(opts_.mailbox_poll.count()) * 1'000'000ull;
     }
   }
   size_t moved = 0;
@@ -69,8 +68,11 @@ size_t DeviceCollector::pass() {
       // Stamped with the time of the newest drop it reports, not of its
       // sending: drops from before a recording started (a full ring nobody
       // read) are the host's to tell from those of the recording.
-      perfq_record lost{s.emitted(), PERFQ_EVENT_LOST, s.id(),
-                        PERFQ_FLAGS(PERFQ_KIND_LOST, PERFQ_CLOCK_DEVICE), s.last_drop_time(),
+      perfq_record lost{s.emitted(),
+                        PERFQ_EVENT_LOST,
+                        s.id(),
+                        PERFQ_FLAGS(PERFQ_KIND_LOST, PERFQ_CLOCK_DEVICE),
+                        s.last_drop_time(),
                         dropped - d.lost_reported};
       if (converting_) (void)mode_b_.convert_record(&lost);
       if (!producer_.try_push(lost)) break;
@@ -207,7 +209,8 @@ void Backoff::wait() noexcept {
 #endif
     return;
   }
-  timespec ts{static_cast<time_t>(sleep_us_ / 1000000), static_cast<long>(sleep_us_ % 1000000 * 1000)};
+  timespec ts{static_cast<time_t>(sleep_us_ / 1000000),
+              static_cast<long>(sleep_us_ % 1000000 * 1000)};
   nanosleep(&ts, nullptr);
   slept_us_ += sleep_us_;
   const uint64_t ceiling = slept_us_ >= deep_after_us_ ? deep_sleep_us_ : max_sleep_us_;

@@ -22,11 +22,11 @@
 #include <string>
 #include <vector>
 
+#include "core/region.h"
+#include "core/spsc_ring.h"
 #include "device/device_clock.h"
 #include "perfq/event_info.h"
 #include "perfq/perfq_abi.h"
-#include "core/region.h"
-#include "core/spsc_ring.h"
 #include "sync/sync.h"
 
 namespace perfq {
@@ -63,7 +63,9 @@ class DeviceQueue {
   uint64_t dropped() const noexcept { return ring_.memory().lost(); }
   // Device time of the newest record dropped so far (read after dropped():
   // at least that of the drop it counted last).
-  uint64_t last_drop_time() const noexcept { return last_drop_time_.load(std::memory_order_relaxed); }
+  uint64_t last_drop_time() const noexcept {
+    return last_drop_time_.load(std::memory_order_relaxed);
+  }
 
  private:
   friend class DeviceCollector;
@@ -84,15 +86,15 @@ struct StreamDelivery {
 };
 
 struct CollectorOptions {
-  size_t batch = 256;                                   // records per copy
+  size_t batch = 256;  // records per copy
   // Sync mode B: when the host asks for it (SYNC page mode), pair the host
   // samples in the mailbox with the device's own samples of the same round,
   // track the clock model here, and convert record times to host time
   // (PERFQ_CLOCK_HOST_BY_DEVICE) as they are copied into the shared ring.
   bool mode_b = true;
   std::chrono::milliseconds mailbox_poll{10};
-  std::chrono::microseconds max_sleep{1000};           // idle back-off ceiling
-  std::chrono::milliseconds shutdown_timeout{5000};     // to deliver what is queued
+  std::chrono::microseconds max_sleep{1000};         // idle back-off ceiling
+  std::chrono::milliseconds shutdown_timeout{5000};  // to deliver what is queued
 };
 
 // The device collector (the "first thread").  Drains every DeviceQueue into
@@ -100,8 +102,8 @@ struct CollectorOptions {
 // thread; stats are read after it returns.
 class DeviceCollector {
  public:
-  DeviceCollector(const Region& region, std::vector<DeviceQueue*> streams,
-                  const DeviceClock& clock, CollectorOptions opts = {});
+  DeviceCollector(const Region& region, std::vector<DeviceQueue*> streams, const DeviceClock& clock,
+                  CollectorOptions opts = {});
 
   // Collect until stop is set, then deliver what the workers queued (call it
   // after the workers have stopped recording, or they keep adding) within the
@@ -160,14 +162,22 @@ class Backoff {
         deep_sleep_us_(std::max(max_sleep_us_, static_cast<uint64_t>(deep_sleep.count()))),
         deep_after_us_(static_cast<uint64_t>(deep_after.count())),
         spins_(spins) {}
-  void reset() noexcept { idle_ = 0; sleep_us_ = 1; slept_us_ = 0; }
+  void reset() noexcept {
+    idle_ = 0;
+    sleep_us_ = 1;
+    slept_us_ = 0;
+  }
   // After a pass that found some work but far from a full batch: a steady
   // trickle.  The next waits sleep max_sleep at once, without spinning or
   // climbing from 1 us, so that work is taken in batches of max_sleep's
   // worth: every wakeup costs a context switch (tens of microseconds of CPU
   // on a VM), and a waiter that polls again at once after each handful of
   // records spends more on wakeups than on the records.
-  void steady() noexcept { idle_ = spins_; sleep_us_ = max_sleep_us_; slept_us_ = 0; }
+  void steady() noexcept {
+    idle_ = spins_;
+    sleep_us_ = max_sleep_us_;
+    slept_us_ = 0;
+  }
   void wait() noexcept;
 
  private:

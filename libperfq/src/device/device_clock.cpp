@@ -26,8 +26,8 @@ void jitter_delay(uint64_t max_ns) noexcept {
 SimClock::SimClock(SimClockConfig cfg) : cfg_(std::move(cfg)) {
   if (std::fabs(cfg_.drift_ppm) <= kFixedMaxPpm) {
     fixed_drift_ = true;
-    drift_mult_ = static_cast<Wide>(std::llround(static_cast<long double>(cfg_.drift_ppm) / 1e6L *
-                                                 18446744073709551616.0L));
+    drift_mult_ = static_cast<Wide>(
+        std::llround(static_cast<long double>(cfg_.drift_ppm) / 1e6L * 18446744073709551616.0L));
   }
   std::sort(cfg_.steps.begin(), cfg_.steps.end(),
             [](const ClockStep& a, const ClockStep& b) { return a.at_ns < b.at_ns; });

@@ -2,9 +2,9 @@
 
 #include <linux/futex.h>
 #include <sched.h>
-#include <time.h>
 #include <sys/resource.h>
 #include <sys/syscall.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -13,14 +13,12 @@
 #include <climits>
 #include <string>
 
+#include "core/os_wait.h"
 #include "core/ring.h"
 #include "sync/sync_buffer.h"
-#include "core/os_wait.h"
 
 namespace perfq {
-namespace {
-
-}  // namespace
+namespace {}  // namespace
 
 Status raise_sync_priority() {
   const auto tid = static_cast<id_t>(syscall(SYS_gettid));
@@ -128,8 +126,8 @@ Result<perfq_clock_sample> TimerReader::read(std::chrono::microseconds timeout) 
   // Pairs with the server's load_acquire of req_tag.
   store_release(&t->req_tag, tag);
   const uint64_t deadline =
-      s.before + static_cast<uint64_t>(
-                     std::chrono::duration_cast<std::chrono::nanoseconds>(timeout).count());
+      s.before +
+      static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(timeout).count());
   uint64_t nap_ns = 50'000;
   for (uint32_t n = 0;; ++n) {
     // Pairs with the server's store_release of resp_tag.
@@ -142,10 +140,10 @@ Result<perfq_clock_sample> TimerReader::read(std::chrono::microseconds timeout) 
     if ((n & 63) != 0) continue;
     const uint64_t now = monotonic_ns();
     if (now > deadline)
-      return Status(Errc::kTimeout,
-                    "timer register read timed out after " + std::to_string(timeout.count()) +
-                        " us: device '" + region_.device_name() + "' did not answer request " +
-                        std::to_string(tag) + " (is the device running?)");
+      return Status(Errc::kTimeout, "timer register read timed out after " +
+                                        std::to_string(timeout.count()) + " us: device '" +
+                                        region_.device_name() + "' did not answer request " +
+                                        std::to_string(tag) + " (is the device running?)");
     // A device that does not answer within microseconds is not running right
     // now (a busy machine, or asleep until the window opened): let it run
     // instead of spinning (a yield hands it our CPU at once where it waits

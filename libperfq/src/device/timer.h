@@ -20,8 +20,8 @@
 #include <cstdint>
 #include <vector>
 
-#include "device/device_clock.h"
 #include "core/region.h"
+#include "device/device_clock.h"
 #include "perfq/status.h"
 
 namespace perfq {

@@ -16,9 +16,10 @@ std::string validate_record(const perfq_record& r, RecordOrigin origin) {
     return fmt::format("reserved flag bits {:#x} are set", r.flags & PERFQ_FLAGS_RESERVED_MASK);
   if (origin == RecordOrigin::kDevice) {
     if (domain != PERFQ_CLOCK_DEVICE && domain != PERFQ_CLOCK_HOST_BY_DEVICE)
-      return fmt::format("clock domain {} ({}) is not one a device stamps: the host converts device "
-                         "clock times (1) and mode B's host times (3) only",
-                         domain, domain == PERFQ_CLOCK_DEVICE_TIMER ? "timer register R" : "host");
+      return fmt::format(
+          "clock domain {} ({}) is not one a device stamps: the host converts device "
+          "clock times (1) and mode B's host times (3) only",
+          domain, domain == PERFQ_CLOCK_DEVICE_TIMER ? "timer register R" : "host");
   } else {
     if (kind == PERFQ_KIND_LOST) return "kind LOST is the daemon's, not an application's";
     if (domain != PERFQ_CLOCK_HOST)
@@ -33,8 +34,8 @@ DeviceDrain::DeviceDrain(const Region& region)
 Result<size_t> DeviceDrain::poll(std::vector<perfq_record>& out, size_t max) {
   auto span = consumer_.peek(max);
   if (consumer_.fault())
-    return Status(Errc::kCorrupt, "device '" + region_.device_name() +
-                                      "' ring: " + consumer_.fault().describe());
+    return Status(Errc::kCorrupt,
+                  "device '" + region_.device_name() + "' ring: " + consumer_.fault().describe());
   const size_t n = span.size();
   if (n == 0) return size_t{0};
   const size_t base = out.size();
@@ -61,8 +62,8 @@ Result<uint64_t> DeviceDrain::skip_backlog() {
   // recording's.
   auto span = consumer_.peek(SIZE_MAX);
   if (consumer_.fault())
-    return Status(Errc::kCorrupt, "device '" + region_.device_name() +
-                                      "' ring: " + consumer_.fault().describe());
+    return Status(Errc::kCorrupt,
+                  "device '" + region_.device_name() + "' ring: " + consumer_.fault().describe());
   const uint64_t skipped = span.size();
   consumer_.release(span.size());
   return skipped;

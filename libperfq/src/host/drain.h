@@ -13,9 +13,9 @@
 #include <string>
 #include <vector>
 
-#include "perfq/perfq_abi.h"
 #include "core/region.h"
 #include "core/ring.h"
+#include "perfq/perfq_abi.h"
 #include "perfq/status.h"
 
 namespace perfq {

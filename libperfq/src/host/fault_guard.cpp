@@ -83,8 +83,7 @@ FaultGuardRange::FaultGuardRange(void* addr, size_t len, std::atomic<bool>* gone
   install_fault_guard();
   for (int i = 0; i < kSlots; ++i) {
     int expected = 0;
-    if (!g_slots[i].state.compare_exchange_strong(expected, 1, std::memory_order_acq_rel))
-      continue;
+    if (!g_slots[i].state.compare_exchange_strong(expected, 1, std::memory_order_acq_rel)) continue;
     g_slots[i].begin.store(reinterpret_cast<uintptr_t>(addr), std::memory_order_relaxed);
     g_slots[i].len.store(len, std::memory_order_relaxed);
     g_slots[i].gone.store(gone, std::memory_order_relaxed);

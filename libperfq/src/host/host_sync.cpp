@@ -9,9 +9,9 @@
 #include <cmath>
 #include <span>
 
+#include "core/os_wait.h"
 #include "device/device_clock.h"
 #include "sync/sync_buffer.h"
-#include "core/os_wait.h"
 
 namespace perfq {
 namespace {
@@ -62,8 +62,7 @@ Result<RoundResult> HostSync::round() {
   const perfq_sample_batch* batch = &page->device_samples;
   uint32_t* round_word = const_cast<uint32_t*>(&batch->round);
   const uint64_t t0 = monotonic_ns();
-  const uint64_t deadline =
-      t0 + static_cast<uint64_t>(opts_.device_timeout.count()) * 1'000'000ull;
+  const uint64_t deadline = t0 + static_cast<uint64_t>(opts_.device_timeout.count()) * 1'000'000ull;
   Result<SampleBatch> dev = Status(Errc::kTimeout, "");
   for (uint32_t spin = 1;; ++spin) {
     const uint32_t seen = __atomic_load_n(round_word, __ATOMIC_ACQUIRE);
@@ -72,25 +71,27 @@ Result<RoundResult> HostSync::round() {
       // A read that keeps meeting a write in progress (kTimeout) tries again
       // until the deadline; a corrupt batch is an error at once.
       if (!dev && dev.status().code() != Errc::kTimeout)
-        return Status(dev.status().code(), device_.spec() + ": device samples: " +
-                                               dev.status().message());
+        return Status(dev.status().code(),
+                      device_.spec() + ": device samples: " + dev.status().message());
       if (dev && dev->round == r) break;
     }
     cpu_relax();
     if ((spin & 63) != 0) continue;
     const uint64_t now = monotonic_ns();
     if (now > deadline)
-      return Status(Errc::kTimeout, device_.spec() + ": the device did not publish its samples "
-                                    "of sync round " + std::to_string(r) + " within " +
-                                    std::to_string(opts_.device_timeout.count()) + " ms");
+      return Status(Errc::kTimeout, device_.spec() +
+                                        ": the device did not publish its samples "
+                                        "of sync round " +
+                                        std::to_string(r) + " within " +
+                                        std::to_string(opts_.device_timeout.count()) + " ms");
     if (now - t0 > opts_.batch_spin_ns) futex_wait(round_word, seen, std::chrono::milliseconds(1));
   }
 
   auto obs = make_observation(*host, dev->samples, rates_,
                               selection_for(opts_.selection, sync_.current(), rates_), r);
-  if (!obs) return Status(obs.status().code(), device_.spec() + ": sync round " +
-                                                   std::to_string(r) + ": " +
-                                                   obs.status().message());
+  if (!obs)
+    return Status(obs.status().code(), device_.spec() + ": sync round " + std::to_string(r) + ": " +
+                                           obs.status().message());
   RoundResult res;
   res.observation = *obs;
   res.verdict = gate_.feed(sync_, *obs);

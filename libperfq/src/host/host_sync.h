@@ -16,10 +16,10 @@
 #include <cstdint>
 #include <vector>
 
+#include "host/transport.h"
 #include "perfq/perfq_abi.h"
 #include "perfq/status.h"
 #include "sync/sync.h"
-#include "host/transport.h"
 
 namespace perfq {
 
@@ -28,7 +28,7 @@ struct HostSyncOptions {
   size_t samples = 48;  // host reads per round (<= PERFQ_SYNC_MAX_SAMPLES)
   std::chrono::microseconds read_timeout{std::chrono::milliseconds(50)};
   std::chrono::milliseconds device_timeout{200};  // for the device's batch
-  uint64_t batch_spin_ns = 20'000;  // spin this long for the batch before sleeping
+  uint64_t batch_spin_ns = 20'000;                // spin this long for the batch before sleeping
   SyncConfig sync;
   SelectionConfig selection;
   // Which rounds the online model fits (the others are kOutlier, or step

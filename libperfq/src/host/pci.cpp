@@ -34,7 +34,8 @@ std::string pci_link_text(const PciLink& l) {
 
 std::string pci_link_name(const PciLink& l) {
   const int gen = l.generation();
-  return gen ? fmt::format("Gen{} x{}", gen, l.width) : fmt::format("{:g} GT/s x{}", l.speed_gts(), l.width);
+  return gen ? fmt::format("Gen{} x{}", gen, l.width)
+             : fmt::format("{:g} GT/s x{}", l.speed_gts(), l.width);
 }
 
 bool PcieInfo::trained_below_max() const {
@@ -44,20 +45,32 @@ bool PcieInfo::trained_below_max() const {
 
 const char* PcieInfo::port_type_name() const {
   switch (port_type) {
-    case 0x0: return "endpoint";
-    case 0x1: return "legacy endpoint";
-    case 0x4: return "root port";
-    case 0x5: return "upstream switch port";
-    case 0x6: return "downstream switch port";
-    case 0x7: return "pcie-to-pci bridge";
-    case 0x8: return "pci-to-pcie bridge";
-    case 0x9: return "root complex integrated endpoint";
-    case 0xa: return "root complex event collector";
-    default: return "unknown";
+    case 0x0:
+      return "endpoint";
+    case 0x1:
+      return "legacy endpoint";
+    case 0x4:
+      return "root port";
+    case 0x5:
+      return "upstream switch port";
+    case 0x6:
+      return "downstream switch port";
+    case 0x7:
+      return "pcie-to-pci bridge";
+    case 0x8:
+      return "pci-to-pcie bridge";
+    case 0x9:
+      return "root complex integrated endpoint";
+    case 0xa:
+      return "root complex event collector";
+    default:
+      return "unknown";
   }
 }
 
-std::string PciDevice::ids_text() const { return fmt::format("{:04x}:{:04x}", vendor_id, device_id); }
+std::string PciDevice::ids_text() const {
+  return fmt::format("{:04x}:{:04x}", vendor_id, device_id);
+}
 
 std::string PciDevice::display_name() const {
   if (vendor_name && device_name) return *vendor_name + " " + *device_name;
@@ -71,8 +84,7 @@ std::string pci_link_summary(const PciDevice& d) {
            "short): link unknown";
   if (!d.pcie) return "no PCIe capability (conventional PCI): no link figures";
   const PcieInfo& p = *d.pcie;
-  if (!p.link_max && !p.link_current)
-    return fmt::format("PCIe {}: no link", p.port_type_name());
+  if (!p.link_max && !p.link_current) return fmt::format("PCIe {}: no link", p.port_type_name());
   if (!p.link_current) return "link down, max " + pci_link_text(*p.link_max);
   if (!p.link_max) return "link " + pci_link_text(*p.link_current);
   if (p.trained_below_max())
@@ -119,7 +131,8 @@ json link_json(const std::optional<PciLink>& l) {
 uint16_t hex_field(const json& j, const char* key) {
   if (!j.contains(key) || !j[key].is_string()) bad(key, "missing or not a hex string");
   const std::string s = j[key].get<std::string>();
-  if (s.empty() || s.size() > 4 || s.find_first_not_of("0123456789abcdefABCDEF") != std::string::npos)
+  if (s.empty() || s.size() > 4 ||
+      s.find_first_not_of("0123456789abcdefABCDEF") != std::string::npos)
     bad(key, "'" + s + "' is not a 16-bit hex number");
   return static_cast<uint16_t>(std::stoul(s, nullptr, 16));
 }
@@ -162,25 +175,26 @@ std::optional<PciLink> link_from(const json& j, const char* key) {
 }  // namespace
 
 json pci_device_to_json(const PciDevice& d) {
-  json j = {{"address", d.address},
-            {"domain", d.domain},
-            {"bus", d.bus},
-            {"slot", d.dev},
-            {"function", d.func},
-            {"vendor_id", hex4(d.vendor_id)},
-            {"device_id", hex4(d.device_id)},
-            {"class", hex4(d.device_class)},
-            {"subsystem_vendor_id", d.subsystem_vendor_id ? json(hex4(*d.subsystem_vendor_id)) : json()},
-            {"subsystem_id", d.subsystem_id ? json(hex4(*d.subsystem_id)) : json()},
-            {"vendor_name", opt(d.vendor_name)},
-            {"device_name", opt(d.device_name)},
-            {"subsystem_vendor_name", opt(d.subsystem_vendor_name)},
-            {"subsystem_name", opt(d.subsystem_name)},
-            {"class_name", opt(d.class_name)},
-            {"driver", opt(d.driver)},
-            {"numa_node", opt(d.numa_node)},
-            {"iommu_group", opt(d.iommu_group)},
-            {"config_readable", d.config_readable}};
+  json j = {
+      {"address", d.address},
+      {"domain", d.domain},
+      {"bus", d.bus},
+      {"slot", d.dev},
+      {"function", d.func},
+      {"vendor_id", hex4(d.vendor_id)},
+      {"device_id", hex4(d.device_id)},
+      {"class", hex4(d.device_class)},
+      {"subsystem_vendor_id", d.subsystem_vendor_id ? json(hex4(*d.subsystem_vendor_id)) : json()},
+      {"subsystem_id", d.subsystem_id ? json(hex4(*d.subsystem_id)) : json()},
+      {"vendor_name", opt(d.vendor_name)},
+      {"device_name", opt(d.device_name)},
+      {"subsystem_vendor_name", opt(d.subsystem_vendor_name)},
+      {"subsystem_name", opt(d.subsystem_name)},
+      {"class_name", opt(d.class_name)},
+      {"driver", opt(d.driver)},
+      {"numa_node", opt(d.numa_node)},
+      {"iommu_group", opt(d.iommu_group)},
+      {"config_readable", d.config_readable}};
   if (d.pcie) {
     const PcieInfo& p = *d.pcie;
     j["pcie"] = {{"version", p.version},

@@ -95,8 +95,11 @@ std::optional<std::string> lookup(pci_access* a, int flags, Ids... ids) {
   char buf[256];
   char* name = nullptr;
   std::string err;
-  if (!guarded([&] { name = pci_lookup_name(a, buf, sizeof buf, flags | PCI_LOOKUP_NO_NUMBERS, ids...); },
-               err) ||
+  if (!guarded(
+          [&] {
+            name = pci_lookup_name(a, buf, sizeof buf, flags | PCI_LOOKUP_NO_NUMBERS, ids...);
+          },
+          err) ||
       !name || !*name)
     return std::nullopt;
   return std::string(name);
@@ -133,7 +136,8 @@ PcieInfo decode_pcie(const ExpRegs& r) {
   // (lspci skips the link registers for them too).
   if (p.port_type != PCI_EXP_TYPE_ROOT_INT_EP && p.port_type != PCI_EXP_TYPE_ROOT_EC) {
     p.link_max = link_of(r.lnkcap & PCI_EXP_LNKCAP_SPEED, (r.lnkcap & PCI_EXP_LNKCAP_WIDTH) >> 4);
-    p.link_current = link_of(r.lnksta & PCI_EXP_LNKSTA_SPEED, (r.lnksta & PCI_EXP_LNKSTA_WIDTH) >> 4);
+    p.link_current =
+        link_of(r.lnksta & PCI_EXP_LNKSTA_SPEED, (r.lnksta & PCI_EXP_LNKSTA_WIDTH) >> 4);
   }
   return p;
 }
@@ -178,8 +182,8 @@ PciDevice describe(pci_access* a, pci_dev* d, bool live) {
   out.vendor_name = lookup(a, PCI_LOOKUP_VENDOR, out.vendor_id);
   out.device_name = lookup(a, PCI_LOOKUP_DEVICE, out.vendor_id, out.device_id);
   if (out.subsystem_vendor_id) {
-    out.subsystem_vendor_name = lookup(a, PCI_LOOKUP_SUBSYSTEM | PCI_LOOKUP_VENDOR,
-                                       *out.subsystem_vendor_id);
+    out.subsystem_vendor_name =
+        lookup(a, PCI_LOOKUP_SUBSYSTEM | PCI_LOOKUP_VENDOR, *out.subsystem_vendor_id);
     out.subsystem_name = lookup(a, PCI_LOOKUP_SUBSYSTEM | PCI_LOOKUP_DEVICE, out.vendor_id,
                                 out.device_id, *out.subsystem_vendor_id, *out.subsystem_id);
   }
@@ -283,9 +287,10 @@ Result<PciScan> scan_pci(const PciScanOptions& o) {
   }
   if (!dump.empty() && seen == 0)
     return Status(Errc::kCorrupt,
-                  what + ": no device in it (expected the output of `lspci -xxx`: a line "
-                         "\"BB:DD.F ...\" or \"DDDD:BB:DD.F ...\" per device, then \"00: xx xx ...\" "
-                         "lines of config space)");
+                  what +
+                      ": no device in it (expected the output of `lspci -xxx`: a line "
+                      "\"BB:DD.F ...\" or \"DDDD:BB:DD.F ...\" per device, then \"00: xx xx ...\" "
+                      "lines of config space)");
   if (a->id_load_failed)
     scan.warnings.push_back("cannot read pci.ids (" +
                             std::string(a->id_file_name ? a->id_file_name : "?") +
@@ -296,7 +301,8 @@ Result<PciScan> scan_pci(const PciScanOptions& o) {
   return scan;
 }
 
-Result<std::string> perfq_device_pci_address(const std::string& dev, const std::string& sysfs_root) {
+Result<std::string> perfq_device_pci_address(const std::string& dev,
+                                             const std::string& sysfs_root) {
   const std::string name = std::filesystem::path(dev).filename().string();
   if (dev.rfind("/dev/perfq", 0) != 0 || name.size() <= 5 ||
       name.find_first_not_of("0123456789", 5) != std::string::npos)
@@ -309,8 +315,8 @@ Result<std::string> perfq_device_pci_address(const std::string& dev, const std::
                   link + ": " + ec.message() + " (is perfq.ko loaded and " + name + " bound?)");
   const std::string address = target.filename().string();
   if (!is_address(address))
-    return Status(Errc::kCorrupt, link + " points to '" + target.string() +
-                                      "', not a PCI device (DDDD:BB:DD.F)");
+    return Status(Errc::kCorrupt,
+                  link + " points to '" + target.string() + "', not a PCI device (DDDD:BB:DD.F)");
   return address;
 }
 

@@ -3,9 +3,9 @@
 #include <fcntl.h>
 #include <sys/file.h>
 #include <sys/ioctl.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/sysmacros.h>
-#include <sys/mman.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -18,10 +18,10 @@
 #include <sstream>
 #include <thread>
 
-#include "perfq/perfq_ioctl.h"
-#include "host/fault_guard.h"
 #include "core/mapping.h"
 #include "device/timer.h"
+#include "host/fault_guard.h"
+#include "perfq/perfq_ioctl.h"
 
 namespace perfq {
 namespace {
@@ -34,11 +34,11 @@ class ShmTransport final : public DeviceTransport {
   const std::string& spec() const override { return spec_; }
   const Region& region() const override { return region_; }
 
-  Result<std::vector<perfq_clock_sample>> clock_samples(uint32_t round, size_t n,
-                                                        std::chrono::microseconds timeout) override {
+  Result<std::vector<perfq_clock_sample>> clock_samples(
+      uint32_t round, size_t n, std::chrono::microseconds timeout) override {
     if (n == 0 || n > PERFQ_SYNC_MAX_SAMPLES)
-      return Status(Errc::kInvalidArgument, "clock samples: n must be 1.." +
-                                                std::to_string(PERFQ_SYNC_MAX_SAMPLES));
+      return Status(Errc::kInvalidArgument,
+                    "clock samples: n must be 1.." + std::to_string(PERFQ_SYNC_MAX_SAMPLES));
     std::vector<perfq_clock_sample> out;
     out.reserve(n);
     timer_.open_window(round);
@@ -86,11 +86,11 @@ class DevTransport final : public DeviceTransport {
   const Region& region() const override { return *region_; }
   bool gone() const override { return gone_.load(std::memory_order_acquire); }
 
-  Result<std::vector<perfq_clock_sample>> clock_samples(uint32_t round, size_t n,
-                                                        std::chrono::microseconds timeout) override {
+  Result<std::vector<perfq_clock_sample>> clock_samples(
+      uint32_t round, size_t n, std::chrono::microseconds timeout) override {
     if (n == 0 || n > PERFQ_SYNC_MAX_SAMPLES)
-      return Status(Errc::kInvalidArgument, "clock samples: n must be 1.." +
-                                                std::to_string(PERFQ_SYNC_MAX_SAMPLES));
+      return Status(Errc::kInvalidArgument,
+                    "clock samples: n must be 1.." + std::to_string(PERFQ_SYNC_MAX_SAMPLES));
     if (gone()) return Status(Errc::kUnavailable, spec_ + ": device gone");
     perfq_ioc_clock_samples req;
     std::memset(&req, 0, sizeof(req));
@@ -111,11 +111,10 @@ class DevTransport final : public DeviceTransport {
         return Status(Errc::kUnavailable, spec_ + ": device gone");
       }
       if (err == ETIMEDOUT)
-        return Status(Errc::kTimeout,
-                      spec_ + ": timer register read timed out after " +
-                          std::to_string(req.timeout_ns / 1000) + " us (" +
-                          std::to_string(req.count) + " of " + std::to_string(n) +
-                          " samples): is the device running?");
+        return Status(Errc::kTimeout, spec_ + ": timer register read timed out after " +
+                                          std::to_string(req.timeout_ns / 1000) + " us (" +
+                                          std::to_string(req.count) + " of " + std::to_string(n) +
+                                          " samples): is the device running?");
       return Status::from_errno(spec_ + ": PERFQ_IOC_CLOCK_SAMPLES", err);
     }
     if (req.count != n)
@@ -132,7 +131,7 @@ class DevTransport final : public DeviceTransport {
   UniqueFd fd_;
   Mapping range_;  // the whole reserved range; the sections are mapped inside it
   std::atomic<bool> gone_{false};
-  FaultGuardRange guard_;  // unregistered before range_ is unmapped
+  FaultGuardRange guard_;         // unregistered before range_ is unmapped
   std::optional<Region> region_;  // non-owning: range_ owns the memory
 };
 
@@ -154,18 +153,20 @@ Result<std::unique_ptr<DeviceTransport>> DevTransport::open(const std::string& s
                                       std::to_string(PERFQ_IOC_VERSION));
   const uint64_t len = info.region_size;
   if (len < sizeof(perfq_region_header) || len % PERFQ_PAGE_SIZE != 0 || len > (1ULL << 40))
-    return Status(Errc::kCorrupt, spec + ": the driver reports a region of " +
-                                      std::to_string(len) + " bytes");
+    return Status(Errc::kCorrupt,
+                  spec + ": the driver reports a region of " + std::to_string(len) + " bytes");
   // Reserve the whole range, then map each section over it at its offset.
   void* base = ::mmap(nullptr, len, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-  if (base == MAP_FAILED) return Status::from_errno(spec + ": reserve " + std::to_string(len) + " bytes");
+  if (base == MAP_FAILED)
+    return Status::from_errno(spec + ": reserve " + std::to_string(len) + " bytes");
   Mapping range(base, len);
   auto* b = static_cast<uint8_t*>(base);
   for (int id = 0; id < PERFQ_SECTION_COUNT; ++id) {
     const perfq_section& s = info.sections[id];
     if (s.size == 0) continue;
     if (s.offset > len || s.size > len - s.offset || s.offset % PERFQ_PAGE_SIZE != 0)
-      return Status(Errc::kCorrupt, spec + ": section " + section_name(id) + " lies outside the region");
+      return Status(Errc::kCorrupt,
+                    spec + ": section " + section_name(id) + " lies outside the region");
     const int prot = host_writable(id) ? PROT_READ | PROT_WRITE : PROT_READ;
     if (::mmap(b + s.offset, s.size, prot, MAP_SHARED | MAP_FIXED, fd.get(),
                static_cast<off_t>(s.offset)) == MAP_FAILED)
@@ -196,7 +197,7 @@ std::string transport_path(const std::string& spec) {
 }
 
 std::string flock_holder(const std::string& path) {
-  struct stat st{};
+  struct stat st {};
   if (::stat(path.c_str(), &st) != 0) return "";
   // /proc/locks: "1: FLOCK  ADVISORY  WRITE 1234 00:1a:5678 0 EOF", the
   // device in hex major:minor, the inode in decimal.

@@ -23,8 +23,8 @@
 #include <vector>
 
 #include "core/mapping.h"
-#include "perfq/perfq_abi.h"
 #include "core/region.h"
+#include "perfq/perfq_abi.h"
 #include "perfq/status.h"
 
 namespace perfq {

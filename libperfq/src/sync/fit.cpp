@@ -7,8 +7,8 @@
 
 #include <fmt/format.h>
 
-#include "sync/sync.h"
 #include "sync/robust_fit.h"
+#include "sync/sync.h"
 #include "sync/sync_buffer.h"
 
 namespace perfq {
@@ -26,12 +26,18 @@ ClockSync::ClockSync(const ClockRates& rates, const SyncConfig& cfg) : rates_(ra
 
 const char* verdict_name(ClockSync::Verdict v) {
   switch (v) {
-    case ClockSync::Verdict::kAccepted: return "accepted";
-    case ClockSync::Verdict::kRejected: return "rejected";
-    case ClockSync::Verdict::kOutlier: return "outlier";
-    case ClockSync::Verdict::kStepPending: return "step pending";
-    case ClockSync::Verdict::kNewSegment: return "new segment";
-    case ClockSync::Verdict::kInvalid: return "invalid";
+    case ClockSync::Verdict::kAccepted:
+      return "accepted";
+    case ClockSync::Verdict::kRejected:
+      return "rejected";
+    case ClockSync::Verdict::kOutlier:
+      return "outlier";
+    case ClockSync::Verdict::kStepPending:
+      return "step pending";
+    case ClockSync::Verdict::kNewSegment:
+      return "new segment";
+    case ClockSync::Verdict::kInvalid:
+      return "invalid";
   }
   return "?";
 }
@@ -40,7 +46,8 @@ void ClockSync::refit() {
   const SyncObservation& o = window_.back();
   std::vector<Pt> pts;
   pts.reserve(window_.size());
-  for (const auto& w : window_) pts.push_back(make_pt(w, o.device_time, o.host_ns, seg_slope0_, cfg_));
+  for (const auto& w : window_)
+    pts.push_back(make_pt(w, o.device_time, o.host_ns, seg_slope0_, cfg_));
   // Start from all points: an observation rejected earlier may fit now.
   std::fill(inlier_.begin(), inlier_.end(), 1);
   const FitOut f = robust_fit(pts, inlier_, seg_var0_, cfg_);
@@ -49,11 +56,11 @@ void ClockSync::refit() {
   fit_var_c_ = f.var_c;
   fit_bias_c2_ = seg_prior_measured_ || !std::isfinite(f.bias_c2) ? 0 : f.bias_c2;
   sigma_ = f.sigma;
-  current_ = knot_from(f, o, seg_slope0_, seg_id_,
-                       history_.segments().back().knots.empty()
-                           ? history_.segments().back().valid_from
-                           : o.device_time,
-                       seg_prior_measured_);
+  current_ =
+      knot_from(f, o, seg_slope0_, seg_id_,
+                history_.segments().back().knots.empty() ? history_.segments().back().valid_from
+                                                         : o.device_time,
+                seg_prior_measured_);
 }
 
 void ClockSync::push_knot() {
@@ -68,8 +75,10 @@ void ClockSync::push_knot() {
       k.erase(k.begin(), k.begin() + static_cast<std::ptrdiff_t>(n));
       knots_total_ -= n;
       drop -= n;
-      if (k.empty() && segs.size() > 1) segs.erase(segs.begin());
-      else if (k.empty()) break;
+      if (k.empty() && segs.size() > 1)
+        segs.erase(segs.begin());
+      else if (k.empty())
+        break;
     }
   }
 }
@@ -133,12 +142,13 @@ bool ClockSync::far_off(const SyncObservation& obs, double at_least_ns) const {
   // Distance from the prediction, against what the model and the
   // observation can vouch for.
   const long double x = static_cast<long double>(time_diff(obs.device_time, current_.device_ref));
-  const double resid = static_cast<double>(time_diff(obs.host_ns, current_.to_host(obs.device_time)));
+  const double resid =
+      static_cast<double>(time_diff(obs.host_ns, current_.to_host(obs.device_time)));
   const long double dxb = x - fit_xbar_;
   const double model_unc =
       3 * std::sqrt(static_cast<double>(fit_var_ybar_ + dxb * dxb * fit_var_c_));
-  const double tol = std::max({cfg_.step_min_ns, cfg_.step_k * sigma_,
-                               2 * obs.uncertainty_ns + model_unc, at_least_ns});
+  const double tol = std::max(
+      {cfg_.step_min_ns, cfg_.step_k * sigma_, 2 * obs.uncertainty_ns + model_unc, at_least_ns});
   return std::fabs(resid) > tol;
 }
 
@@ -148,10 +158,10 @@ ClockSync::Verdict ClockSync::step_candidate(const SyncObservation& obs) {
         static_cast<long double>(time_diff(obs.device_time, pending_.device_time));
     const long double e = static_cast<long double>(time_diff(obs.host_ns, pending_.host_ns)) -
                           current_.ns_per_tick * dx;
-    const double confirm = std::max({cfg_.step_min_ns / 2, cfg_.step_k * sigma_,
-                                     2 * (obs.uncertainty_ns + pending_.uncertainty_ns)}) +
-                           3 * std::sqrt(static_cast<double>(fit_var_c_)) *
-                               std::fabs(static_cast<double>(dx));
+    const double confirm =
+        std::max({cfg_.step_min_ns / 2, cfg_.step_k * sigma_,
+                  2 * (obs.uncertainty_ns + pending_.uncertainty_ns)}) +
+        3 * std::sqrt(static_cast<double>(fit_var_c_)) * std::fabs(static_cast<double>(dx));
     if (std::fabs(static_cast<double>(e)) <= confirm) {
       const SyncObservation first = pending_;
       start_segment(&first, obs);
@@ -168,8 +178,9 @@ ClockSync::Verdict ClockSync::step_candidate(const SyncObservation& obs) {
         const long double slope = static_cast<long double>(time_diff(obs.host_ns, a.host_ns)) / dxc;
         const long double eb =
             static_cast<long double>(time_diff(b.host_ns, a.host_ns)) - slope * dxb;
-        const double tol = std::max({cfg_.step_min_ns / 2, cfg_.step_k * sigma_,
-                                     2 * (a.uncertainty_ns + b.uncertainty_ns + obs.uncertainty_ns)});
+        const double tol =
+            std::max({cfg_.step_min_ns / 2, cfg_.step_k * sigma_,
+                      2 * (a.uncertainty_ns + b.uncertainty_ns + obs.uncertainty_ns)});
         if (slope > 0 && std::fabs(static_cast<double>(eb)) <= tol) {
           // The slope is known to within the two ends' uncertainties over
           // their distance: that, twice, is the new segment's prior.
@@ -206,8 +217,9 @@ void ClockSync::start_rate_segment(const SyncObservation& a, const SyncObservati
       const SyncObservation& o = window_.front();
       const long double dx = static_cast<long double>(time_diff(o.device_time, a.device_time));
       const long double e = static_cast<long double>(time_diff(o.host_ns, a.host_ns)) - slope * dx;
-      const double tol = std::max({cfg_.step_min_ns / 2, 2 * (o.uncertainty_ns + a.uncertainty_ns)}) +
-                         3 * std::sqrt(static_cast<double>(slope_var)) * std::fabs(static_cast<double>(dx));
+      const double tol =
+          std::max({cfg_.step_min_ns / 2, 2 * (o.uncertainty_ns + a.uncertainty_ns)}) +
+          3 * std::sqrt(static_cast<double>(slope_var)) * std::fabs(static_cast<double>(dx));
       if (std::fabs(static_cast<double>(e)) <= tol) keep.push_back(o);
     }
     knots_total_ -= std::min(knots_total_, segs.back().knots.size());
@@ -239,9 +251,9 @@ void ClockSync::start_rate_segment(const SyncObservation& a, const SyncObservati
 }
 
 ClockSync::Verdict ClockSync::add(const SyncObservation& obs) {
-  if (!usable(obs, cfg_)) return std::isfinite(obs.uncertainty_ns) && obs.uncertainty_ns >= 0
-                                     ? Verdict::kOutlier
-                                     : Verdict::kInvalid;
+  if (!usable(obs, cfg_))
+    return std::isfinite(obs.uncertainty_ns) && obs.uncertainty_ns >= 0 ? Verdict::kOutlier
+                                                                        : Verdict::kInvalid;
   if (!current_.valid) {
     start_segment(nullptr, obs);
     return Verdict::kAccepted;
@@ -262,13 +274,14 @@ ClockSync::Verdict ClockSync::add(const SyncObservation& obs) {
 }
 
 ClockSync::Verdict ClockSync::witness(const SyncObservation& obs) {
-  if (!usable(obs, cfg_)) return std::isfinite(obs.uncertainty_ns) && obs.uncertainty_ns >= 0
-                                     ? Verdict::kOutlier
-                                     : Verdict::kInvalid;
+  if (!usable(obs, cfg_))
+    return std::isfinite(obs.uncertainty_ns) && obs.uncertainty_ns >= 0 ? Verdict::kOutlier
+                                                                        : Verdict::kInvalid;
   // Only a step much wider than the observation itself: a loose round is
   // loose because something got in the way, and what got in the way may
   // have skewed it beyond its bracket too.
-  if (!current_.valid || !far_off(obs, cfg_.witness_k * obs.uncertainty_ns)) return Verdict::kOutlier;
+  if (!current_.valid || !far_off(obs, cfg_.witness_k * obs.uncertainty_ns))
+    return Verdict::kOutlier;
   return step_candidate(obs);
 }
 
@@ -300,8 +313,8 @@ ClockSync::Verdict RoundGate::feed(ClockSync& sync, const SyncObservation& obs) 
     useless = model_unc < obs.uncertainty_ns && resid <= obs.uncertainty_ns + model_unc;
   }
   const ClockSync::Verdict v = !sync.has_model() || (obs.uncertainty_ns <= gate && !useless)
-                                  ? sync.add(obs)
-                                  : sync.witness(obs);
+                                   ? sync.add(obs)
+                                   : sync.witness(obs);
   if (taken_into_model(v)) ++taken_;
   // Until 64 rounds tell what this device's rounds give, the floor: the
   // first rounds may all be loose (the machine busy starting the device).
@@ -318,9 +331,9 @@ DeviceClockSync::DeviceClockSync(const ClockRates& rates, const SyncConfig& cfg,
                                  const SelectionConfig& sel, const GateConfig& gate)
     : sync_(rates, cfg), sel_(sel), gate_(gate) {}
 
-Result<ClockSync::Verdict> DeviceClockSync::update(std::span<const perfq_clock_sample> host_samples,
-                                                   std::span<const perfq_clock_sample> device_samples,
-                                                   uint32_t round) {
+Result<ClockSync::Verdict> DeviceClockSync::update(
+    std::span<const perfq_clock_sample> host_samples,
+    std::span<const perfq_clock_sample> device_samples, uint32_t round) {
   auto o = make_observation(host_samples, device_samples, sync_.rates(),
                             selection_for(sel_, sync_.current(), sync_.rates()), round);
   if (!o) return o.status();
@@ -333,9 +346,9 @@ Result<ClockSync::Verdict> DeviceClockSync::update_from_page(
   auto b = read_sample_batch(&page->mailbox);
   if (!b) return b.status();
   if (b->round != round)
-    return Status(Errc::kUnavailable,
-                  fmt::format("mailbox holds round {}, device samples are of round {}", b->round,
-                              round));
+    return Status(
+        Errc::kUnavailable,
+        fmt::format("mailbox holds round {}, device samples are of round {}", b->round, round));
   return update(b->samples, device_samples, round);
 }
 

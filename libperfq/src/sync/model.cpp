@@ -7,8 +7,8 @@
 
 #include <fmt/format.h>
 
-#include "sync/sync.h"
 #include "sync/robust_fit.h"
+#include "sync/sync.h"
 
 namespace perfq {
 
@@ -28,7 +28,8 @@ uint64_t ClockModel::to_host(uint64_t device_time) const noexcept {
 }
 
 double ClockModel::host_distance_ns(uint64_t d) const noexcept {
-  return std::fabs(static_cast<double>(time_diff(d, device_ref)) * static_cast<double>(ns_per_tick));
+  return std::fabs(static_cast<double>(time_diff(d, device_ref)) *
+                   static_cast<double>(ns_per_tick));
 }
 
 double ClockModel::claim_at(uint64_t d) const noexcept {
@@ -38,7 +39,8 @@ double ClockModel::claim_at(uint64_t d) const noexcept {
 }
 
 double ClockModel::claim_at(uint64_t d, const ClockModel& newer) const noexcept {
-  const double gap_ppb = std::fabs(static_cast<double>((ns_per_tick / newer.ns_per_tick - 1) * 1e9L));
+  const double gap_ppb =
+      std::fabs(static_cast<double>((ns_per_tick / newer.ns_per_tick - 1) * 1e9L));
   const double rate_ppb = std::max(3 * rate_sigma_ppb, gap_ppb + 3 * newer.rate_sigma_ppb);
   const double dx = host_distance_ns(d);
   return dx > 0 ? uncertainty_ns + rate_ppb * 1e-9 * dx : uncertainty_ns;
@@ -54,7 +56,8 @@ ClockStanding clock_standing(const ClockModel& m, const ClockRates& rates) noexc
   // 2^64 is a small negative time, as time_diff() reads differences.
   const long double device_ns =
       static_cast<long double>(static_cast<int64_t>(m.device_ref)) * rates.device_ns_per_tick();
-  const long double host_ns = static_cast<long double>(static_cast<int64_t>(m.host_ref)) + m.host_frac;
+  const long double host_ns =
+      static_cast<long double>(static_cast<int64_t>(m.host_ref)) + m.host_frac;
   s.device_ahead_ns = static_cast<double>(device_ns - host_ns);
   s.device_fast_ppm = m.device_drift_ppb(rates) / 1000.0;
   s.bound_ns = m.uncertainty_ns;

@@ -5,8 +5,8 @@
 #include <cmath>
 #include <vector>
 
-#include "sync/sync.h"
 #include "core/median.h"
+#include "sync/sync.h"
 
 namespace perfq {
 namespace {
@@ -36,7 +36,6 @@ struct Picked {
   size_t used = 0;
 };
 
-
 // Shifted-value vote among the tight candidates of one side (c sorted by
 // delay): clears ok[i] for a sample whose implied value is too far from the
 // median of the tight ones.  Returns the robust spread of those values.
@@ -46,8 +45,7 @@ long double vote(const std::vector<Cand>& c, const SelectionConfig& sel, std::ve
   const long double min_delay = c.front().delay_ns;
   const long double margin = std::max<long double>(sel.margin_ns, sel.margin_frac * min_delay);
   size_t ntight = 0;
-  while (ntight < c.size() &&
-         (ntight < 3 || c[ntight].delay_ns <= 2 * min_delay + margin))
+  while (ntight < c.size() && (ntight < 3 || c[ntight].delay_ns <= 2 * min_delay + margin))
     ++ntight;
   if (ntight_out) *ntight_out = ntight;
   if (ntight < 3) return 0;
@@ -66,8 +64,7 @@ long double vote(const std::vector<Cand>& c, const SelectionConfig& sel, std::ve
   const long double spread = 1.4826L * median_in_place(v);
   for (size_t i = 0; i < c.size(); ++i) {
     const long double tol =
-        std::max<long double>(sel.outlier_k * spread,
-                              c[i].delay_ns / 2 + min_delay / 2 + margin) +
+        std::max<long double>(sel.outlier_k * spread, c[i].delay_ns / 2 + min_delay / 2 + margin) +
         kRoundDriftAllowance * std::fabs(c[i].at_ns - med_at);
     if (std::fabs(c[i].implied - med) > tol) ok[i] = 0;
   }
@@ -76,7 +73,8 @@ long double vote(const std::vector<Cand>& c, const SelectionConfig& sel, std::ve
 
 // Selection by delay (see SelectionConfig): the host side.
 Picked pick(std::vector<Cand>& c, const SelectionConfig& sel) {
-  std::sort(c.begin(), c.end(), [](const Cand& x, const Cand& y) { return x.delay_ns < y.delay_ns; });
+  std::sort(c.begin(), c.end(),
+            [](const Cand& x, const Cand& y) { return x.delay_ns < y.delay_ns; });
   const long double min_delay = c.front().delay_ns;
   std::vector<uint8_t> ok;
   const long double value_spread = vote(c, sel, ok);
@@ -124,7 +122,8 @@ Picked pick(std::vector<Cand>& c, const SelectionConfig& sel) {
 // carry the mean (weight at least 1/16 of the heaviest): a bound that
 // does not move with the per-round estimates in the weights.
 Picked weigh(std::vector<Cand>& c, const SelectionConfig& sel, long double at_host_ns) {
-  std::sort(c.begin(), c.end(), [](const Cand& x, const Cand& y) { return x.delay_ns < y.delay_ns; });
+  std::sort(c.begin(), c.end(),
+            [](const Cand& x, const Cand& y) { return x.delay_ns < y.delay_ns; });
   std::vector<uint8_t> ok;
   size_t ntight = 0;
   const long double spread = vote(c, sel, ok, &ntight);
@@ -181,11 +180,11 @@ Picked weigh(std::vector<Cand>& c, const SelectionConfig& sel, long double at_ho
 
 Status ClockRates::validate() const {
   if (device_hz == 0 || device_hz > PERFQ_CLOCK_HZ_MAX)
-    return Status(Errc::kInvalidArgument,
-                  fmt::format("clock rates: device_hz {} outside 1..{}", device_hz, PERFQ_CLOCK_HZ_MAX));
+    return Status(Errc::kInvalidArgument, fmt::format("clock rates: device_hz {} outside 1..{}",
+                                                      device_hz, PERFQ_CLOCK_HZ_MAX));
   if (timer_hz == 0 || timer_hz > PERFQ_CLOCK_HZ_MAX)
-    return Status(Errc::kInvalidArgument,
-                  fmt::format("clock rates: timer_hz {} outside 1..{}", timer_hz, PERFQ_CLOCK_HZ_MAX));
+    return Status(Errc::kInvalidArgument, fmt::format("clock rates: timer_hz {} outside 1..{}",
+                                                      timer_hz, PERFQ_CLOCK_HZ_MAX));
   return Status::ok();
 }
 
@@ -208,8 +207,8 @@ std::vector<Cand> host_candidates(std::span<const perfq_clock_sample> host, uint
   for (const auto& s : host) {
     const int64_t delay = time_diff(s.after, s.before);
     if (delay < 0 || delay > kMaxBracketTicks) continue;
-    const long double hmid = static_cast<long double>(time_diff(s.before, base_h)) +
-                             static_cast<long double>(delay) / 2;
+    const long double hmid =
+        static_cast<long double>(time_diff(s.before, base_h)) + static_cast<long double>(delay) / 2;
     const long double r2 = static_cast<long double>(time_diff(s.value, base_r));
     hc.push_back(Cand{static_cast<long double>(delay), hmid, hmid - r2 * tns, hmid, r2});
   }
@@ -225,8 +224,8 @@ std::vector<Cand> device_candidates(std::span<const perfq_clock_sample> device, 
   for (const auto& s : device) {
     const int64_t delay = time_diff(s.after, s.before);
     if (delay < 0 || delay > kMaxBracketTicks) continue;
-    const long double r1 = static_cast<long double>(time_diff(s.before, base_r)) +
-                           static_cast<long double>(delay) / 2;
+    const long double r1 =
+        static_cast<long double>(time_diff(s.before, base_r)) + static_cast<long double>(delay) / 2;
     const long double d = static_cast<long double>(time_diff(s.value, base_d));
     dc.push_back(Cand{static_cast<long double>(delay) * tns, r1 * tns, d * dns - r1 * tns, d, r1});
   }
@@ -255,9 +254,9 @@ Result<SyncObservation> make_observation(std::span<const perfq_clock_sample> hos
 
   const perfq_clock_sample* d0 = first_usable(device);
   if (!d0)
-    return Status(Errc::kInvalidArgument,
-                  fmt::format("sync round {}: no usable device sample among {}", round,
-                              device.size()));
+    return Status(
+        Errc::kInvalidArgument,
+        fmt::format("sync round {}: no usable device sample among {}", round, device.size()));
   const uint64_t base_d = d0->value;
   std::vector<Cand> dc = device_candidates(device, base_r, base_d, tns, dns);
 
@@ -285,8 +284,8 @@ Result<SyncObservation> make_observation(std::span<const perfq_clock_sample> hos
   SyncObservation o;
   o.device_time = base_d + static_cast<uint64_t>(static_cast<int64_t>(dround));
   o.host_ns = base_h + static_cast<uint64_t>(static_cast<int64_t>(hround));
-  o.uncertainty_ns = static_cast<double>(hp.max_half_ns + dp.max_half_ns +
-                                          std::fabs(gap_ns) * sel.rate_error);
+  o.uncertainty_ns =
+      static_cast<double>(hp.max_half_ns + dp.max_half_ns + std::fabs(gap_ns) * sel.rate_error);
   o.host_delay_ns = static_cast<double>(hp.min_delay_ns);
   o.device_delay_ns = static_cast<double>(dp.min_delay_ns);
   o.round = round;

@@ -5,8 +5,8 @@
 #include <limits>
 #include <vector>
 
-#include "sync/sync.h"
 #include "sync/robust_fit.h"
+#include "sync/sync.h"
 
 namespace perfq {
 
@@ -55,8 +55,8 @@ struct SlopePrior {
 
 // A knot at every observation idx[p] of a segment: a robust fit over a
 // window of 2 half + 1 observations centered on it (shifted at the ends).
-void local_knots(std::span<const SyncObservation> obs, const std::vector<size_t>& idx,
-                 size_t half, long double seg_slope, long double local_var, const SyncConfig& cfg,
+void local_knots(std::span<const SyncObservation> obs, const std::vector<size_t>& idx, size_t half,
+                 long double seg_slope, long double local_var, const SyncConfig& cfg,
                  PiecewiseModel::Segment& seg) {
   const size_t n = idx.size();
   for (size_t p = 0; p < n; ++p) {
@@ -237,8 +237,10 @@ OfflineFit fit_offline_rounds_with(std::span<const SyncRound> rounds, const Cloc
   // A clock far off its nominal rate: the rounds again, allowing for it
   // (selection_for()), as the online tracker did once it knew.
   if (refine_rate && !fit.model.empty() && !fit.model.segments().back().knots.empty()) {
-    const SelectionConfig wider = selection_for(sel, fit.model.segments().back().knots.back(), rates);
-    if (wider.rate_error > sel.rate_error) return fit_offline_rounds_with(rounds, rates, cfg, wider, false);
+    const SelectionConfig wider =
+        selection_for(sel, fit.model.segments().back().knots.back(), rates);
+    if (wider.rate_error > sel.rate_error)
+      return fit_offline_rounds_with(rounds, rates, cfg, wider, false);
   }
   return fit;
 }

@@ -10,7 +10,9 @@ namespace perfq {
 
 namespace {
 
-bool device_domain(const perfq_record& r) { return PERFQ_FLAGS_DOMAIN(r.flags) == PERFQ_CLOCK_DEVICE; }
+bool device_domain(const perfq_record& r) {
+  return PERFQ_FLAGS_DOMAIN(r.flags) == PERFQ_CLOCK_DEVICE;
+}
 
 }  // namespace
 
@@ -36,8 +38,9 @@ std::shared_ptr<const ConversionModel> ConversionModel::after_round(
 
 OnlineConverter::OnlineConverter(Options o)
     : o_(std::move(o)),
-      back_step_ticks_(static_cast<int64_t>(o_.back_step_ns * static_cast<double>(o_.device_clock_hz) / 1e9) +
-                       1) {}
+      back_step_ticks_(
+          static_cast<int64_t>(o_.back_step_ns * static_cast<double>(o_.device_clock_hz) / 1e9) +
+          1) {}
 
 OnlineConverter::Held::Read OnlineConverter::read_state(const ConversionModel* m, int64_t read_ns) {
   return {read_ns, m ? m->current.segment : 0, m && m->contradicted};
@@ -193,7 +196,6 @@ uint32_t OnlineConverter::epoch_of(const perfq_record& r, StreamClock& sc,
   return sc.epoch;
 }
 
-
 namespace {
 
 int64_t host_time(const ClockModel& k, uint64_t d) { return static_cast<int64_t>(k.to_host(d)); }
@@ -226,7 +228,7 @@ bool convert_by_current(const perfq_record& r, const ConversionModel& m, bool fo
 struct SegmentCand {
   int64_t t;
   double claim;
-  int cls;  // 2: in order and not after the read, 1: not after the read, 0: neither
+  int cls;     // 2: in order and not after the read, 1: not after the read, 0: neither
   size_t seg;  // index in segs
 };
 struct SegmentCands {
@@ -333,8 +335,8 @@ bool OnlineConverter::convert(const perfq_record& r, const StreamClock& sc, uint
   double claim = chosen->claim;
   for (size_t i = 0; i < c.n; ++i)
     if (c.cand[i].cls == c.best_cls)
-      claim = std::max(claim, c.cand[i].claim +
-                                  std::fabs(static_cast<double>(c.cand[i].t - chosen->t)));
+      claim = std::max(claim,
+                       c.cand[i].claim + std::fabs(static_cast<double>(c.cand[i].t - chosen->t)));
   out->time_ns = chosen->t;
   // Forced past the newest round: no bound (above).
   out->claim_ns = current && beyond ? kClaimUnbounded : stored_claim(claim);
@@ -367,6 +369,5 @@ bool OnlineConverter::confirm_device_time(const perfq_record& r, const Conversio
   out->claim_ns = same ? stored_claim(m->tight_ns) : kClaimUnbounded;
   return true;
 }
-
 
 }  // namespace perfq

@@ -24,8 +24,8 @@
 #include <span>
 #include <vector>
 
-#include "sync/sync.h"
 #include "perfq/trace.h"
+#include "sync/sync.h"
 
 namespace perfq {
 
@@ -57,9 +57,9 @@ struct ConversionModel {
 class OnlineConverter {
  public:
   struct Options {
-    uint16_t source = 0;             // TraceRecord::source of what it converts
+    uint16_t source = 0;  // TraceRecord::source of what it converts
     uint64_t device_clock_hz = 1'000'000'000;
-    size_t max_waiting = 1u << 20;   // records waiting at most; feed() drops beyond
+    size_t max_waiting = 1u << 20;        // records waiting at most; feed() drops beyond
     int64_t max_wait_ns = 2'000'000'000;  // a record waits at most this long
     // A model that has not changed for this long converts everything it
     // can, forced (a device whose rounds stopped being taken).

@@ -56,7 +56,8 @@ FitOut robust_fit(const std::vector<Pt>& p, std::vector<uint8_t>& in, long doubl
     for (auto& v : tmp) v = std::fabs(v - med);
     const long double mad = 1.4826L * median_in_place(tmp);
     f.sigma = std::max(static_cast<double>(mad), cfg.sigma_floor_ns);
-    const long double scale2 = m > 2 ? std::max<long double>(1, chi2 / static_cast<long double>(m - 2)) : 1;
+    const long double scale2 =
+        m > 2 ? std::max<long double>(1, chi2 / static_cast<long double>(m - 2)) : 1;
     f.var_ybar = scale2 / W;
     f.var_c = scale2 / (sxx + lambda);
     f.inliers = m;

@@ -53,7 +53,7 @@ struct FitOut {
   // Negligible once rounds span a second; most of the slope for a young
   // fit whose prior is wrong (a clock 5000 ppm off, a prior of +-1000).
   long double bias_c2 = 0;
-  double sigma = 0;          // robust sigma of the residuals (ns)
+  double sigma = 0;  // robust sigma of the residuals (ns)
   size_t inliers = 0;
 
   long double var_at(long double x) const { return var_ybar + (x - xbar) * (x - xbar) * var_c; }

@@ -30,8 +30,8 @@
 #pragma once
 
 #include <cstdint>
-#include <span>
 #include <limits>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -55,9 +55,7 @@ struct ClockRates {
 };
 
 // Signed difference of two times of one clock (modular: any origin works).
-inline int64_t time_diff(uint64_t a, uint64_t b) noexcept {
-  return static_cast<int64_t>(a - b);
-}
+inline int64_t time_diff(uint64_t a, uint64_t b) noexcept { return static_cast<int64_t>(a - b); }
 
 // ---- 1. Sampling and selection ------------------------------------------------------
 
@@ -110,8 +108,8 @@ struct SelectionConfig {
 
 Result<SyncObservation> make_observation(std::span<const perfq_clock_sample> host,
                                          std::span<const perfq_clock_sample> device,
-                                         const ClockRates& rates,
-                                         const SelectionConfig& sel = {}, uint32_t round = 0);
+                                         const ClockRates& rates, const SelectionConfig& sel = {},
+                                         uint32_t round = 0);
 
 // The selection for a device's next round given its model: a device clock
 // measured far off its nominal rate (a mis-declared clock or timer rate, or
@@ -131,10 +129,10 @@ SelectionConfig selection_for(const SelectionConfig& base, const ClockModel& m,
 struct ClockModel {
   uint64_t device_ref = 0;
   uint64_t host_ref = 0;
-  double host_frac = 0;          // sub-ns part of the host time at device_ref, [0, 1)
-  long double ns_per_tick = 1;   // host ns per device tick (nominal * (1 + drift))
-  double uncertainty_ns = 0;     // ~3 sigma at device_ref
-  double rate_sigma_ppb = 0;     // 1 sigma of the rate estimate
+  double host_frac = 0;         // sub-ns part of the host time at device_ref, [0, 1)
+  long double ns_per_tick = 1;  // host ns per device tick (nominal * (1 + drift))
+  double uncertainty_ns = 0;    // ~3 sigma at device_ref
+  double rate_sigma_ppb = 0;    // 1 sigma of the rate estimate
   uint64_t valid_from_device = 0;
   uint32_t segment = 0;
   bool valid = false;
@@ -194,11 +192,11 @@ ClockStanding clock_standing(const ClockModel& m, const ClockRates& rates) noexc
 uint64_t apply_abi_model(const perfq_sync_model& m, uint64_t device_time) noexcept;
 
 struct SyncConfig {
-  uint32_t window = 128;         // observations in the online fit (12.8 s at 100 ms)
+  uint32_t window = 128;          // observations in the online fit (12.8 s at 100 ms)
   uint32_t offline_window = 128;  // centered window of the offline fit
-  double reject_k = 4;           // reject residuals beyond k x robust sigma (MAD)
-  double reject_floor_ns = 20;   // ... but never below this (quantization)
-  double sigma_floor_ns = 2;     // minimum per-observation sigma
+  double reject_k = 4;            // reject residuals beyond k x robust sigma (MAD)
+  double reject_floor_ns = 20;    // ... but never below this (quantization)
+  double sigma_floor_ns = 2;      // minimum per-observation sigma
   double prior_drift_ppm = 1000;  // prior 1-sigma of the drift around nominal
   // Step detection: an observation further than
   //   max(step_min_ns, step_k x robust sigma, 3 x (its uncertainty + model's))
@@ -223,7 +221,7 @@ class PiecewiseModel {
  public:
   struct Segment {
     uint32_t id = 0;
-    uint64_t valid_from = 0;   // device time range this segment claims
+    uint64_t valid_from = 0;  // device time range this segment claims
     uint64_t valid_until = UINT64_MAX;
     // Host times of the first and last observation fitted into it (0 when
     // not known: the offline fit leaves them): it was in effect between the
@@ -355,7 +353,7 @@ class ClockSync {
   long double fit_xbar_ = 0, fit_var_ybar_ = 0, fit_var_c_ = 0;
   long double fit_bias_c2_ = 0;      // the nominal prior's pull (knot_from())
   bool seg_prior_measured_ = false;  // the segment's slope prior is a measured rate
-  long double prior_slope_ = 1;  // nominal ns/tick and its prior variance
+  long double prior_slope_ = 1;      // nominal ns/tick and its prior variance
   long double prior_var_ = 0;
   long double seg_slope0_ = 1;  // the current segment's slope prior
   long double seg_var0_ = 0;

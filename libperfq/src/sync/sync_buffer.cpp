@@ -92,9 +92,8 @@ void publish_clock_model(perfq_sync_page* page, const ClockModel& m) noexcept {
 
 uint32_t write_sample_batch(perfq_sample_batch* dst, uint32_t round,
                             std::span<const perfq_clock_sample> samples) noexcept {
-  const uint32_t n = samples.size() < PERFQ_SYNC_MAX_SAMPLES
-                         ? static_cast<uint32_t>(samples.size())
-                         : PERFQ_SYNC_MAX_SAMPLES;
+  const uint32_t n = samples.size() < PERFQ_SYNC_MAX_SAMPLES ? static_cast<uint32_t>(samples.size())
+                                                             : PERFQ_SYNC_MAX_SAMPLES;
   const uint64_t done = seq_begin(&dst->seq);
   put(&dst->count, n);
   put(&dst->round, round);

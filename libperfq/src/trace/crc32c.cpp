@@ -34,9 +34,9 @@ uint32_t crc32c_extend(uint32_t crc, const void* data, size_t len) noexcept {
     uint64_t w;
     std::memcpy(&w, p, 8);  // little-endian hosts only (as the whole ABI)
     w ^= crc;
-    crc = t[7][w & 0xff] ^ t[6][(w >> 8) & 0xff] ^ t[5][(w >> 16) & 0xff] ^
-          t[4][(w >> 24) & 0xff] ^ t[3][(w >> 32) & 0xff] ^ t[2][(w >> 40) & 0xff] ^
-          t[1][(w >> 48) & 0xff] ^ t[0][(w >> 56) & 0xff];
+    crc = t[7][w & 0xff] ^ t[6][(w >> 8) & 0xff] ^ t[5][(w >> 16) & 0xff] ^ t[4][(w >> 24) & 0xff] ^
+          t[3][(w >> 32) & 0xff] ^ t[2][(w >> 40) & 0xff] ^ t[1][(w >> 48) & 0xff] ^
+          t[0][(w >> 56) & 0xff];
     p += 8;
     len -= 8;
   }

@@ -8,8 +8,8 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
-#include "sync/sync.h"
 #include "perfq/trace.h"
+#include "sync/sync.h"
 
 #ifndef PERFQ_VERSION_STRING
 #define PERFQ_VERSION_STRING "0.1.0"
@@ -106,7 +106,8 @@ std::string trace_metadata_to_json(const TraceMetadata& m) {
     // ignore it, and its absence means "no PCI facts".
     if (s.pci) js["pci"] = pci_device_to_json(*s.pci);
     json events = json::array();
-    for (const auto& e : s.events) events.push_back({{"event", e.event}, {"kind", e.kind}, {"name", e.name}});
+    for (const auto& e : s.events)
+      events.push_back({{"event", e.event}, {"kind", e.kind}, {"name", e.name}});
     js["events"] = std::move(events);
     // Added with kernel events; absent in older traces.
     if (!s.threads.empty()) {
@@ -138,7 +139,8 @@ Result<TraceMetadata> trace_metadata_from_json(const std::string& text) {
     m.kernel = j.value("kernel", "");
     m.cpu = j.value("cpu", "");
     m.perfq_version = j.value("perfq_version", "");
-    if (j.contains("options")) m.options = j.at("options").get<std::map<std::string, std::string>>();
+    if (j.contains("options"))
+      m.options = j.at("options").get<std::map<std::string, std::string>>();
     if (j.contains("sources")) {
       for (const auto& js : j.at("sources")) {
         TraceSource s;
@@ -155,8 +157,9 @@ Result<TraceMetadata> trace_metadata_from_json(const std::string& text) {
         s.timer_hz = js.value("timer_hz", uint64_t{0});
         if (js.contains("pci") && !js["pci"].is_null()) {
           auto pci = pci_device_from_json(js["pci"]);
-          if (!pci) return Status(Errc::kCorrupt, "metadata: source " + std::to_string(s.id) + ": " +
-                                                      pci.status().message());
+          if (!pci)
+            return Status(Errc::kCorrupt, "metadata: source " + std::to_string(s.id) + ": " +
+                                              pci.status().message());
           s.pci = std::move(pci.value());
         }
         if (js.contains("events")) {
@@ -175,8 +178,8 @@ Result<TraceMetadata> trace_metadata_from_json(const std::string& text) {
     }
     if (j.contains("clock_domains")) {
       for (const auto& jd : j.at("clock_domains")) {
-        m.clock_domains.push_back({jd.at("id").get<uint16_t>(), jd.value("name", ""),
-                                   jd.value("description", "")});
+        m.clock_domains.push_back(
+            {jd.at("id").get<uint16_t>(), jd.value("name", ""), jd.value("description", "")});
       }
     }
     return m;
@@ -187,49 +190,68 @@ Result<TraceMetadata> trace_metadata_from_json(const std::string& text) {
 
 const char* trace_source_kind_name(TraceSourceKind k) {
   switch (k) {
-    case TraceSourceKind::kHost: return "host";
-    case TraceSourceKind::kDevice: return "device";
-    case TraceSourceKind::kKernel: return "kernel";
+    case TraceSourceKind::kHost:
+      return "host";
+    case TraceSourceKind::kDevice:
+      return "device";
+    case TraceSourceKind::kKernel:
+      return "kernel";
   }
   return "host";
 }
 
 const char* record_kind_name(uint16_t kind) {
   switch (kind) {
-    case PERFQ_KIND_BEGIN: return "begin";
-    case PERFQ_KIND_END: return "end";
-    case PERFQ_KIND_INSTANT: return "instant";
-    case PERFQ_KIND_COUNTER: return "counter";
-    case PERFQ_KIND_LOST: return "lost";
-    default: return "invalid";
+    case PERFQ_KIND_BEGIN:
+      return "begin";
+    case PERFQ_KIND_END:
+      return "end";
+    case PERFQ_KIND_INSTANT:
+      return "instant";
+    case PERFQ_KIND_COUNTER:
+      return "counter";
+    case PERFQ_KIND_LOST:
+      return "lost";
+    default:
+      return "invalid";
   }
 }
 
 const char* chunk_type_name(uint16_t type) {
   switch (static_cast<ChunkType>(type)) {
-    case ChunkType::kMetadata: return "metadata";
-    case ChunkType::kRecords: return "records";
-    case ChunkType::kSyncSamples: return "sync samples";
-    case ChunkType::kClockModels: return "clock models";
-    case ChunkType::kLoss: return "loss";
-    case ChunkType::kEnd: return "end";
+    case ChunkType::kMetadata:
+      return "metadata";
+    case ChunkType::kRecords:
+      return "records";
+    case ChunkType::kSyncSamples:
+      return "sync samples";
+    case ChunkType::kClockModels:
+      return "clock models";
+    case ChunkType::kLoss:
+      return "loss";
+    case ChunkType::kEnd:
+      return "end";
   }
   return "unknown";
 }
 
 bool operator==(const TraceRecord& a, const TraceRecord& b) {
   return a.source == b.source && a.time_ns == b.time_ns && a.rec.index == b.rec.index &&
-         a.rec.event == b.rec.event && a.rec.stream == b.rec.stream &&
-         a.rec.flags == b.rec.flags && a.rec.time == b.rec.time && a.rec.arg == b.rec.arg &&
-         a.claim_ns == b.claim_ns && a.conv == b.conv;
+         a.rec.event == b.rec.event && a.rec.stream == b.rec.stream && a.rec.flags == b.rec.flags &&
+         a.rec.time == b.rec.time && a.rec.arg == b.rec.arg && a.claim_ns == b.claim_ns &&
+         a.conv == b.conv;
 }
 
 const char* trace_conversion_name(TraceConversion c) {
   switch (c) {
-    case TraceConversion::kNone: return "none";
-    case TraceConversion::kModel: return "daemon";
-    case TraceConversion::kDevice: return "device";
-    case TraceConversion::kForced: return "forced";
+    case TraceConversion::kNone:
+      return "none";
+    case TraceConversion::kModel:
+      return "daemon";
+    case TraceConversion::kDevice:
+      return "device";
+    case TraceConversion::kForced:
+      return "forced";
   }
   return "unknown";
 }
@@ -270,7 +292,8 @@ std::vector<TraceSyncSample> trace_samples_of(uint16_t source, const SyncRound& 
 std::vector<SyncRound> sync_rounds_of(std::span<const TraceSyncSample> samples) {
   std::vector<SyncRound> rounds;
   for (const auto& x : samples) {
-    if (rounds.empty() || rounds.back().round != x.round) rounds.push_back(SyncRound{x.round, {}, {}});
+    if (rounds.empty() || rounds.back().round != x.round)
+      rounds.push_back(SyncRound{x.round, {}, {}});
     if (x.has_host()) rounds.back().host.push_back(x.host);
     if (x.has_device()) rounds.back().device.push_back(x.device);
   }
@@ -280,8 +303,7 @@ std::vector<SyncRound> sync_rounds_of(std::span<const TraceSyncSample> samples) 
 bool operator==(const TraceClockModel& a, const TraceClockModel& b) {
   return a.source == b.source && a.installed_ns == b.installed_ns &&
          a.model.device_ref == b.model.device_ref && a.model.host_ref_ns == b.model.host_ref_ns &&
-         a.model.rate_ppb == b.model.rate_ppb &&
-         a.model.uncertainty_ns == b.model.uncertainty_ns &&
+         a.model.rate_ppb == b.model.rate_ppb && a.model.uncertainty_ns == b.model.uncertainty_ns &&
          a.model.valid_from_device == b.model.valid_from_device &&
          a.model.segment == b.model.segment && a.model.flags == b.model.flags;
 }

@@ -9,9 +9,9 @@
 
 #include <fmt/format.h>
 
-#include "trace/crc32c.h"
 #include "perfq/trace.h"
 #include "trace/codec.h"
+#include "trace/crc32c.h"
 
 namespace perfq {
 
@@ -91,17 +91,20 @@ Result<TraceReader> TraceReader::open(const std::string& path) {
   ssize_t n = impl->read_at(0, h, sizeof h);
   if (n < 0) return Status::from_errno(path + ": read file header");
   if (static_cast<size_t>(n) < sizeof h) {
-    return Status(Errc::kCorrupt, fmt::format("{}: byte offset 0: file header torn ({} of {} bytes)",
-                                              path, n, sizeof h));
+    return Status(
+        Errc::kCorrupt,
+        fmt::format("{}: byte offset 0: file header torn ({} of {} bytes)", path, n, sizeof h));
   }
   if (std::memcmp(h, kTraceMagic, 8) != 0) {
-    return Status(Errc::kCorrupt, fmt::format("{}: byte offset 0: not a perfq trace (bad magic)", path));
+    return Status(Errc::kCorrupt,
+                  fmt::format("{}: byte offset 0: not a perfq trace (bad magic)", path));
   }
   uint32_t crc = get<uint32_t>(h + 28);
   if (crc != crc32c(h, 28)) {
     return Status(Errc::kCorrupt,
                   fmt::format("{}: byte offset 0: file header checksum mismatch (stored {:#010x}, "
-                              "computed {:#010x})", path, crc, crc32c(h, 28)));
+                              "computed {:#010x})",
+                              path, crc, crc32c(h, 28)));
   }
   impl->version = get<uint32_t>(h + 8);
   if (impl->version != kTraceVersion) {
@@ -169,7 +172,8 @@ Status TraceReader::Impl::load_chunk(uint64_t off, uint64_t chunk_no, const uint
   stored.resize(stored_len);
   ssize_t got = read_at(off + kTraceChunkHeaderSize, stored.data(), stored_len);
   if (got < 0) {
-    return Status::from_errno(fmt::format("{}: read at byte offset {}", path, off + kTraceChunkHeaderSize));
+    return Status::from_errno(
+        fmt::format("{}: read at byte offset {}", path, off + kTraceChunkHeaderSize));
   }
   if (static_cast<uint32_t>(got) < stored_len) {
     return corrupt(off, chunk_no, type,
@@ -177,8 +181,9 @@ Status TraceReader::Impl::load_chunk(uint64_t off, uint64_t chunk_no, const uint
   }
   uint32_t computed = crc32c_extend(crc32c(h, 20), stored.data(), stored_len);
   if (computed != crc) {
-    return corrupt(off, chunk_no, type,
-                   fmt::format("checksum mismatch (stored {:#010x}, computed {:#010x})", crc, computed));
+    return corrupt(
+        off, chunk_no, type,
+        fmt::format("checksum mismatch (stored {:#010x}, computed {:#010x})", crc, computed));
   }
   if (flags & ~kChunkFlagZstd) {
     return corrupt(off, chunk_no, type, fmt::format("unknown flags {:#06x}", flags));
@@ -192,8 +197,9 @@ Status TraceReader::Impl::load_chunk(uint64_t off, uint64_t chunk_no, const uint
       return corrupt(off, chunk_no, type, std::string("zstd: ") + ZSTD_getErrorName(z));
     }
     if (z != raw_len) {
-      return corrupt(off, chunk_no, type,
-                     fmt::format("zstd payload decompressed to {} bytes, header says {}", z, raw_len));
+      return corrupt(
+          off, chunk_no, type,
+          fmt::format("zstd payload decompressed to {} bytes, header says {}", z, raw_len));
     }
     c.payload = raw.data();
   } else if (raw_len != stored_len) {
@@ -212,14 +218,16 @@ Status TraceReader::Impl::deliver(uint64_t off, uint64_t chunk_no, const Chunk& 
   const uint32_t raw_len = ch.raw_len;
   auto check_count = [&](size_t item) -> Status {
     if (static_cast<uint64_t>(count) * item != raw_len) {
-      return corrupt(off, chunk_no, type,
-                     fmt::format("{} items of {} bytes do not fill {} bytes", count, item, raw_len));
+      return corrupt(
+          off, chunk_no, type,
+          fmt::format("{} items of {} bytes do not fill {} bytes", count, item, raw_len));
     }
     return Status::ok();
   };
   switch (static_cast<ChunkType>(type)) {
     case ChunkType::kMetadata: {
-      auto m = trace_metadata_from_json(std::string(reinterpret_cast<const char*>(payload), raw_len));
+      auto m =
+          trace_metadata_from_json(std::string(reinterpret_cast<const char*>(payload), raw_len));
       if (!m.is_ok()) return corrupt(off, chunk_no, type, m.status().message());
       metadata.merge(m.value());
       s = v.on_metadata(metadata);
@@ -236,7 +244,8 @@ Status TraceReader::Impl::deliver(uint64_t off, uint64_t chunk_no, const Chunk& 
     case ChunkType::kSyncSamples: {
       if (Status c = check_count(kSyncSampleSize); !c.is_ok()) return c;
       samples.resize(count);
-      for (uint32_t i = 0; i < count; ++i) decode(payload + size_t{i} * kSyncSampleSize, samples[i]);
+      for (uint32_t i = 0; i < count; ++i)
+        decode(payload + size_t{i} * kSyncSampleSize, samples[i]);
       s = v.on_sync_samples(samples);
       break;
     }

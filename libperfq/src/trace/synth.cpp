@@ -16,12 +16,9 @@ TraceMetadata synth_metadata(const SynthTraceOptions& o) {
   host.kind = TraceSourceKind::kHost;
   host.name = "synth-app";
   host.pid = 4242;
-  host.events = {{1, PERFQ_KIND_INSTANT, "job_submit"},
-                 {2, PERFQ_KIND_INSTANT, "job_complete"},
-                 {3, PERFQ_KIND_BEGIN, "work"},
-                 {4, PERFQ_KIND_END, "work_done"},
-                 {5, PERFQ_KIND_COUNTER, "queue_depth"},
-                 {6, PERFQ_KIND_LOST, "lost"}};
+  host.events = {{1, PERFQ_KIND_INSTANT, "job_submit"},  {2, PERFQ_KIND_INSTANT, "job_complete"},
+                 {3, PERFQ_KIND_BEGIN, "work"},          {4, PERFQ_KIND_END, "work_done"},
+                 {5, PERFQ_KIND_COUNTER, "queue_depth"}, {6, PERFQ_KIND_LOST, "lost"}};
   TraceSource dev;
   dev.id = 1;
   dev.kind = TraceSourceKind::kDevice;
@@ -93,8 +90,9 @@ std::vector<TraceRecord> synth_records(const SynthTraceOptions& o) {
   if (o.lost_record_count) {
     add(0, 1, 6, PERFQ_KIND_LOST, o.start_ns + 50, o.lost_record_count);
   }
-  std::stable_sort(recs.begin(), recs.end(),
-                   [](const TraceRecord& a, const TraceRecord& b) { return a.time_ns < b.time_ns; });
+  std::stable_sort(recs.begin(), recs.end(), [](const TraceRecord& a, const TraceRecord& b) {
+    return a.time_ns < b.time_ns;
+  });
   return recs;
 }
 

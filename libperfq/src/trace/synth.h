@@ -32,7 +32,7 @@ struct SynthTraceOptions {
   // Error of the model the "daemon" used to convert device times: recorded
   // device host times are off by this much (--resync removes it).
   int64_t model_error_ns = 0;
-  uint64_t sync_samples = 16;               // spread over the recording, bracket 400 ns
+  uint64_t sync_samples = 16;  // spread over the recording, bracket 400 ns
   // Every drop_every-th device record on stream 0 is dropped (an index gap);
   // 0 = none.  Plus one LOST record of lost_record_count on host stream 1,
   // and one loss chunk of loss_chunk_count on host stream 0 (0 = none).

@@ -8,9 +8,9 @@
 
 #include <fmt/format.h>
 
-#include "trace/crc32c.h"
 #include "perfq/trace.h"
 #include "trace/codec.h"
+#include "trace/crc32c.h"
 
 namespace perfq {
 
@@ -22,8 +22,8 @@ struct TraceWriter::Impl {
   TraceWriterOptions options;
   Status failed;  // first write error; sticky
   std::vector<TraceRecord> pending;
-  std::vector<uint8_t> raw;    // payload being built
-  std::vector<uint8_t> out;    // header + stored payload
+  std::vector<uint8_t> raw;  // payload being built
+  std::vector<uint8_t> out;  // header + stored payload
   uint64_t records = 0;
   uint64_t bytes = 0;
   uint64_t chunks = 0;
@@ -43,7 +43,8 @@ struct TraceWriter::Impl {
         return failed;
       }
       if (w == 0) {
-        failed = Status(Errc::kIo, fmt::format("{}: write at byte offset {} wrote nothing", path, at));
+        failed =
+            Status(Errc::kIo, fmt::format("{}: write at byte offset {} wrote nothing", path, at));
         return failed;
       }
       p += w;
@@ -100,8 +101,8 @@ struct TraceWriter::Impl {
     if (pending.empty()) return failed;
     raw.resize(pending.size() * kRecordSize);
     for (size_t i = 0; i < pending.size(); ++i) encode(raw.data() + i * kRecordSize, pending[i]);
-    Status s = write_chunk(ChunkType::kRecords, static_cast<uint32_t>(pending.size()),
-                           options.compress);
+    Status s =
+        write_chunk(ChunkType::kRecords, static_cast<uint32_t>(pending.size()), options.compress);
     if (s.is_ok()) records += pending.size();
     pending.clear();
     return s;

@@ -96,16 +96,16 @@ TEST_CASE("export csv: a header and one row per record", "[export]") {
   CHECK(s->stopped_early.empty());
   auto lines = lines_of(slurp(dir.file("out.csv")));
   REQUIRE(lines.size() == 401);
-  CHECK(lines[0] == "time_ns,source,stream,index,event,name,kind,raw_time,arg,claim_ns,converted_by");
+  CHECK(lines[0] ==
+        "time_ns,source,stream,index,event,name,kind,raw_time,arg,claim_ns,converted_by");
   for (size_t i = 0; i < e.records.size(); ++i) {
     const TraceRecord& r = e.records[i];
-    const std::string want = std::to_string(r.time_ns) + "," +
-                             (r.source == 0 ? "synth-app" : "synth-dev") + "," +
-                             std::to_string(r.rec.stream) + "," + std::to_string(r.rec.index) +
-                             "," + std::to_string(r.rec.event) + "," + e.names[i] + "," +
-                             record_kind_name(r.kind()) + "," + std::to_string(r.rec.time) + "," +
-                             std::to_string(r.rec.arg) + "," +
-                             (r.source == 0 ? "0,none" : "200,daemon");
+    const std::string want =
+        std::to_string(r.time_ns) + "," + (r.source == 0 ? "synth-app" : "synth-dev") + "," +
+        std::to_string(r.rec.stream) + "," + std::to_string(r.rec.index) + "," +
+        std::to_string(r.rec.event) + "," + e.names[i] + "," + record_kind_name(r.kind()) + "," +
+        std::to_string(r.rec.time) + "," + std::to_string(r.rec.arg) + "," +
+        (r.source == 0 ? "0,none" : "200,daemon");
     REQUIRE(lines[i + 1] == want);
   }
 }
@@ -226,12 +226,14 @@ TEST_CASE("export perfetto: kernel events land on their thread's track", "[expor
   const std::string text = perfetto_decoded(dir, in);
   INFO(text);
   std::smatch m;
-  static const std::regex thread_track(R"(uuid: (\d+)\s+thread \{\s+pid: 4240\s+tid: 4242\s+thread_name: "job-0")");
+  static const std::regex thread_track(
+      R"(uuid: (\d+)\s+thread \{\s+pid: 4240\s+tid: 4242\s+thread_name: "job-0")");
   REQUIRE(std::regex_search(text, m, thread_track));
   const std::string uuid = m[1];
   size_t on_thread = 0;
   const std::regex ev_track(R"(track_uuid: (\d+))");
-  for (auto it = std::sregex_iterator(text.begin(), text.end(), ev_track); it != std::sregex_iterator(); ++it)
+  for (auto it = std::sregex_iterator(text.begin(), text.end(), ev_track);
+       it != std::sregex_iterator(); ++it)
     on_thread += (*it)[1] == uuid;
   CHECK(on_thread == 3);  // job_submit, sched_switch_out, sched_switch_in
   CHECK(text.find("name: \"cpu 1\"") != std::string::npos);  // tid 999's syscall
@@ -262,7 +264,8 @@ TEST_CASE("export ctf: babeltrace2 reads every event with its name and time", "[
     REQUIRE(std::regex_search(lines[i], m, line_re));
     REQUIRE(std::stoll(m[1].str()) == e.records[i].time_ns);
     REQUIRE(m[2].str() == e.names[i]);
-    REQUIRE(lines[i].find("index = " + std::to_string(e.records[i].rec.index)) != std::string::npos);
+    REQUIRE(lines[i].find("index = " + std::to_string(e.records[i].rec.index)) !=
+            std::string::npos);
   }
   std::smatch first, last;
   REQUIRE(std::regex_search(lines.front(), first, line_re));

@@ -7,8 +7,8 @@
 #include <filesystem>
 #include <nlohmann/json.hpp>
 
-#include "perfq_kevent.h"
 #include "perfq/report.h"
+#include "perfq_kevent.h"
 #include "trace/synth.h"
 
 #include "test_util.h"
@@ -76,8 +76,8 @@ TEST_CASE("report: figures of a trace with known timings", "[report]") {
   o.jobs = 100;
   o.period_ns = 100'000;
   o.submit_to_start = {1'000, 2'000, 3'000, 4'000};  // 25 each
-  o.start_to_end = {10'000, 20'000};                   // 50 each
-  o.end_to_complete = {500, 700, 900, -100};           // the last: a causality violation
+  o.start_to_end = {10'000, 20'000};                 // 50 each
+  o.end_to_complete = {500, 700, 900, -100};         // the last: a causality violation
   o.device_offset_ns = 7'000'000'000;
   auto written = write_synthetic_trace(path, o);
   REQUIRE(written.is_ok());
@@ -211,9 +211,10 @@ TEST_CASE("report: each device's PCI facts and the ceiling of its link", "[repor
     auto r = analyze_trace(path);
     REQUIRE(r.is_ok());
     const std::string t = report_to_text(r.value());
-    CHECK_THAT(t, Catch::Contains("synth-dev                0000:03:00.0  Samsung Electronics Co Ltd "
-                                  "NVMe SSD Controller PM9A1/PM9A3/980PRO [144d:a80a]  driver perfq  "
-                                  "numa node 0"));
+    CHECK_THAT(t,
+               Catch::Contains("synth-dev                0000:03:00.0  Samsung Electronics Co Ltd "
+                               "NVMe SSD Controller PM9A1/PM9A3/980PRO [144d:a80a]  driver perfq  "
+                               "numa node 0"));
     CHECK_THAT(t, Catch::Contains("link Gen3 x4 (8 GT/s, 3.94 GB/s) of max Gen4 x4 (16 GT/s, "
                                   "7.88 GB/s): trained below its capability"));
     CHECK_THAT(t, Catch::Contains("max payload 256 B (supports 512 B), max read request 512 B"));
@@ -288,14 +289,12 @@ TEST_CASE("report: --resync replaces a wrong online model with the offline fit",
   // The sync module's estimate: positive, within half the 400 ns bracket.
   CHECK(offline->sync[0].uncertainty_ns > 0);
   CHECK(offline->sync[0].uncertainty_ns <= 200);
-
 }
 
 // Each recorded device time carries its claim (TraceRecord::claim_ns): the
 // report gives them per device and per segment, so a recording whose first
 // seconds were loose says so beside its tight end.
-TEST_CASE("report: the claims of the recorded device times, per device and segment",
-          "[report]") {
+TEST_CASE("report: the claims of the recorded device times, per device and segment", "[report]") {
   TempDir dir("report");
   const std::string path = dir.file("claims.pq");
   auto w = TraceWriter::open(path, one_device_metadata());
@@ -385,9 +384,9 @@ TEST_CASE("report: losses by LOST records, loss chunks and index gaps", "[report
   const std::string path = dir.file("loss.pq");
   SynthTraceOptions o;
   o.jobs = 90;
-  o.drop_every = 10;          // device stream 0: indexes 9, 19, ... dropped
-  o.lost_record_count = 7;    // host stream 1
-  o.loss_chunk_count = 5;     // host stream 0
+  o.drop_every = 10;        // device stream 0: indexes 9, 19, ... dropped
+  o.lost_record_count = 7;  // host stream 1
+  o.loss_chunk_count = 5;   // host stream 0
   REQUIRE(write_synthetic_trace(path, o).is_ok());
   auto r = analyze_trace(path);
   REQUIRE(r.is_ok());
@@ -488,7 +487,9 @@ TEST_CASE("report: per job, how long the submitting thread was off-CPU", "[repor
   auto add = [&](uint16_t source, uint16_t stream, uint32_t event, int64_t t, uint64_t arg) {
     b.instant(source, stream, event, t, arg);
   };
-  auto sched = [&](uint32_t ev, int64_t t, uint32_t tid) { add(PERFQ_KERNEL_SOURCE, 0, ev, t, tid); };
+  auto sched = [&](uint32_t ev, int64_t t, uint32_t tid) {
+    add(PERFQ_KERNEL_SOURCE, 0, ev, t, tid);
+  };
   // Job 7 on tid 4242: submit 1000, complete 5000; out 1500..2500 and
   // 3000..3200, and out again at 4100, woken at 4300, with no switch-in
   // delivered: its job_complete at 5000 shows it running, from its wakeup

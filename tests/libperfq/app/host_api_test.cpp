@@ -17,20 +17,20 @@
 #include <chrono>
 #include <functional>
 #include <map>
-#include <sstream>
 #include <nlohmann/json.hpp>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "app/host_apps.h"
+#include "core/region.h"
+#include "core/ring.h"
 #include "device/device.h"
 #include "device/device_clock.h"
 #include "host/drain.h"
-#include "app/host_apps.h"
 #include "perfq/perfq.h"
 #include "perfq/perfq.hpp"
-#include "core/region.h"
-#include "core/ring.h"
 #include "test_util.h"
 
 namespace perfq {
@@ -57,7 +57,8 @@ std::string read_line_fd(int fd, int* passed_fd = nullptr) {
     const ssize_t n = ::recvmsg(fd, &msg, MSG_CMSG_CLOEXEC);
     if (n <= 0) return line;
     for (cmsghdr* h = CMSG_FIRSTHDR(&msg); h; h = CMSG_NXTHDR(&msg, h))
-      if (h->cmsg_type == SCM_RIGHTS && passed_fd) std::memcpy(passed_fd, CMSG_DATA(h), sizeof(int));
+      if (h->cmsg_type == SCM_RIGHTS && passed_fd)
+        std::memcpy(passed_fd, CMSG_DATA(h), sizeof(int));
     if (c == '\n') return line;
     line.push_back(c);
   }
@@ -217,8 +218,7 @@ HostAppsOptions opts(uint64_t ring_records = 1 << 16) {
 
 // ---------------------------------------------------------------------------
 
-TEST_CASE("host api: threads of this process record, every record arrives in order",
-          "[host_api]") {
+TEST_CASE("host api: threads of this process record, every record arrives in order", "[host_api]") {
   TempDir dir("hostapi");
   HostApps apps(opts());
   FakeDaemon daemon(apps, dir.file("d.sock"));
@@ -281,13 +281,14 @@ TEST_CASE("host api: threads of this process record, every record arrives in ord
     bool order_ok = true;
     for (uint64_t i = 0; i < kIter; ++i) {
       const perfq_record* r = &v[i * 4];
-      order_ok &= (r[0].flags == PERFQ_FLAGS(PERFQ_KIND_BEGIN, PERFQ_CLOCK_HOST)) &&
-                  r[0].event == work.id() && r[0].arg == (t << 32 | i) &&
-                  r[1].flags == PERFQ_FLAGS(PERFQ_KIND_INSTANT, PERFQ_CLOCK_HOST) &&
-                  r[1].arg == i && r[2].flags == PERFQ_FLAGS(PERFQ_KIND_COUNTER, PERFQ_CLOCK_HOST) &&
-                  r[2].arg == i * 2 && r[3].flags == PERFQ_FLAGS(PERFQ_KIND_END, PERFQ_CLOCK_HOST) &&
-                  r[3].arg == r[0].arg && r[0].stream == key.second &&
-                  r[0].time <= r[3].time && (i == 0 || r[-1].time <= r[0].time);
+      order_ok &=
+          (r[0].flags == PERFQ_FLAGS(PERFQ_KIND_BEGIN, PERFQ_CLOCK_HOST)) &&
+          r[0].event == work.id() && r[0].arg == (t << 32 | i) &&
+          r[1].flags == PERFQ_FLAGS(PERFQ_KIND_INSTANT, PERFQ_CLOCK_HOST) && r[1].arg == i &&
+          r[2].flags == PERFQ_FLAGS(PERFQ_KIND_COUNTER, PERFQ_CLOCK_HOST) && r[2].arg == i * 2 &&
+          r[3].flags == PERFQ_FLAGS(PERFQ_KIND_END, PERFQ_CLOCK_HOST) && r[3].arg == r[0].arg &&
+          r[0].stream == key.second && r[0].time <= r[3].time &&
+          (i == 0 || r[-1].time <= r[0].time);
     }
     CHECK(order_ok);
   }
@@ -379,8 +380,7 @@ TEST_CASE("host api: a C application killed with SIGKILL keeps every record it r
   for (const auto& [k, v] : c.streams) CHECK(indices_contiguous(v));
 }
 
-TEST_CASE("host api: an application exiting mid-recording loses nothing of another",
-          "[host_api]") {
+TEST_CASE("host api: an application exiting mid-recording loses nothing of another", "[host_api]") {
   TempDir dir("hostapi");
   HostApps apps(opts());
   FakeDaemon daemon(apps, dir.file("d.sock"));
@@ -390,7 +390,8 @@ TEST_CASE("host api: an application exiting mid-recording loses nothing of anoth
   REQUIRE(quitter.started());
   REQUIRE(steady.started());
   Collected c;
-  REQUIRE(collect_until(apps, c, [&] { return !quitter.running() && !steady.running(); }, 60s));
+  REQUIRE(collect_until(
+      apps, c, [&] { return !quitter.running() && !steady.running(); }, 60s));
   INFO("quitter stderr: " << quitter.err() << "\nsteady stderr: " << steady.err());
   CHECK(quitter.exit_code() == 0);
   CHECK(steady.exit_code() == 0);
@@ -472,8 +473,7 @@ TEST_CASE("host api: a forked child connects as an application of its own", "[ho
 }
 #endif
 
-TEST_CASE("host api: without a daemon an application runs to completion at once",
-          "[host_api]") {
+TEST_CASE("host api: without a daemon an application runs to completion at once", "[host_api]") {
   TempDir dir("hostapi");
   Child app({kTestApp, dir.file("nobody.sock"), "nodaemon", "2", "1000000"});
   REQUIRE(app.started());
@@ -500,7 +500,8 @@ TEST_CASE("host api: a full ring counts every refused record", "[host_api]") {
   REQUIRE(r.is_object());
   CHECK(r["recorded"] == cap);
   CHECK(r["lost"] == 5000 - cap);
-  CHECK(r["recorded"].get<uint64_t>() + r["lost"].get<uint64_t>() == r["attempted"].get<uint64_t>());
+  CHECK(r["recorded"].get<uint64_t>() + r["lost"].get<uint64_t>() ==
+        r["attempted"].get<uint64_t>());
   Collected c;
   REQUIRE(collect_until(apps, c, [&] { return apps.apps() == 0 && apps.rings() == 0; }));
   const TraceSource* src = c.by_pid(static_cast<uint32_t>(app.pid()));
@@ -575,8 +576,7 @@ TEST_CASE("host api: malformed requests get errors and the registry carries on",
     CHECK(a.request(R"({"cmd":"fly"})")["ok"] == false);
     CHECK(a.request(R"({"cmd":"events","events":[{"id":1,"name":"other","kind":3}]})")["ok"] ==
           false);  // id 1 is taken
-    CHECK(a.request(R"({"cmd":"events","events":[{"id":2,"name":"two","kind":4}]})")["ok"] ==
-          true);
+    CHECK(a.request(R"({"cmd":"events","events":[{"id":2,"name":"two","kind":4}]})")["ok"] == true);
     int rfd = -1;
     r = a.request(R"({"cmd":"thread","tid":7,"name":"t7"})", &rfd);
     REQUIRE(r["ok"] == true);
@@ -598,18 +598,19 @@ TEST_CASE("host api: malformed requests get errors and the registry carries on",
     auto* slots = reinterpret_cast<perfq_record*>(static_cast<uint8_t*>(m->get()) +
                                                   PERFQ_APP_RING_OFFSET_SLOTS);
     const uint16_t host_instant = PERFQ_FLAGS(PERFQ_KIND_INSTANT, PERFQ_CLOCK_HOST);
-    slots[0] = {0, 1, stream, host_instant, 10, 1};                           // good
+    slots[0] = {0, 1, stream, host_instant, 10, 1};                                    // good
     slots[1] = {1, 1, stream, PERFQ_FLAGS(PERFQ_KIND_LOST, PERFQ_CLOCK_HOST), 11, 2};  // kind
     slots[2] = {2, 1, stream, PERFQ_FLAGS(PERFQ_KIND_INSTANT, PERFQ_CLOCK_DEVICE), 12, 3};
-    slots[3] = {3, 1, static_cast<uint16_t>(stream + 1), host_instant, 13, 4};  // stream
-    slots[4] = {4, 9, stream, host_instant, 14, 5};                          // event
+    slots[3] = {3, 1, static_cast<uint16_t>(stream + 1), host_instant, 13, 4};      // stream
+    slots[4] = {4, 9, stream, host_instant, 14, 5};                                 // event
     slots[5] = {5, 1, stream, static_cast<uint16_t>(host_instant | 0x100), 15, 6};  // reserved
     slots[6] = {6, 2, stream, PERFQ_FLAGS(PERFQ_KIND_COUNTER, PERFQ_CLOCK_HOST), 16, 7};  // good
     store_release(&spsc->tail, 7);
     Collected c;
     REQUIRE(collect_until(apps, c, [&] { return c.total == 2; }));
     CHECK(c.count(source) == 2);
-    REQUIRE(collect_until(apps, c, [&] { return c.lost(source, TraceLossReason::kInvalidRecord) == 5; }));
+    REQUIRE(collect_until(apps, c,
+                          [&] { return c.lost(source, TraceLossReason::kInvalidRecord) == 5; }));
     // Now a tail far beyond head + capacity: the ring is retired, nothing read.
     store_release(&spsc->tail, 7 + 10000);
     REQUIRE(collect_until(apps, c, [&] { return apps.rings() == 0; }));
@@ -714,14 +715,16 @@ TEST_CASE("host api: perfq-demo-app records job_submit and job_complete of every
     }
   CHECK(when.size() == jobs);
   uint64_t bad = 0;
-  for (const auto& [corr, t] : when)
-    bad += seen[corr] != 2 || t.first == 0 || t.second < t.first;
+  for (const auto& [corr, t] : when) bad += seen[corr] != 2 || t.first == 0 || t.second < t.first;
   CHECK(bad == 0);
   // The device stops once it has delivered what it holds.
-  CHECK(collect_until(apps, c, [&] {
-    (void)drain.poll(device_records);
-    return drain.finished();
-  }, 60s));
+  CHECK(collect_until(
+      apps, c,
+      [&] {
+        (void)drain.poll(device_records);
+        return drain.finished();
+      },
+      60s));
   // (perfq-devsim's own exit is checked by the devsim tests; the Child
   // destructor reaps it.)
 }

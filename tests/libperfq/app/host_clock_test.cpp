@@ -55,8 +55,7 @@ void drive(TscCalibrator& cal, const SynthClock& c, double seconds, Check check,
   }
 }
 
-TEST_CASE("host clock: an exact TSC is mapped exactly, once its rate is known",
-          "[host_clock]") {
+TEST_CASE("host clock: an exact TSC is mapped exactly, once its rate is known", "[host_clock]") {
   SynthClock c;
   c.hz = GENERATE(1.0e9, 2.5e9, 3.7e9);
   c.ppm = GENERATE(0.0, 37.5, -250.0);
@@ -70,7 +69,8 @@ TEST_CASE("host clock: an exact TSC is mapped exactly, once its rate is known",
     }
     if (!cal.has_map()) return;
     // Exact at the point, and extrapolated to the next point.
-    const double next = t + static_cast<double>(std::chrono::nanoseconds(cal.next_interval()).count());
+    const double next =
+        t + static_cast<double>(std::chrono::nanoseconds(cal.next_interval()).count());
     for (double e : {t, t + 1e6, next}) {
       INFO("hz " << c.hz << " ppm " << c.ppm << " at " << e);
       CHECK(std::llabs(static_cast<long long>(cal.map().at(c.tsc_at(e)) - c.ns_at(e))) <= 2);
@@ -108,8 +108,7 @@ TEST_CASE("host clock: a rate change is followed without a step", "[host_clock]"
   CHECK(cal.resets() == 0);
 }
 
-TEST_CASE("host clock: noisy and preempted points keep the map within the noise",
-          "[host_clock]") {
+TEST_CASE("host clock: noisy and preempted points keep the map within the noise", "[host_clock]") {
   SynthClock c;
   c.ppm = -80;
   std::mt19937_64 rng(7);
@@ -135,8 +134,8 @@ TEST_CASE("host clock: noisy and preempted points keep the map within the noise"
       [&](double t, TscCalibrator::Action) {
         if (!cal.has_map() || t < 5e9) return;
         for (double e = t; e < t + 1e9; e += 1e8)
-          worst = std::max(worst, std::fabs(static_cast<double>(
-                                      static_cast<int64_t>(cal.map().at(c.tsc_at(e)) - c.ns_at(e)))));
+          worst = std::max(worst, std::fabs(static_cast<double>(static_cast<int64_t>(
+                                      cal.map().at(c.tsc_at(e)) - c.ns_at(e)))));
       },
       make);
   CHECK(worst < 200);
@@ -185,7 +184,8 @@ TEST_CASE("host clock: a TSC that goes backwards or runs at no clock's rate is n
 
 TEST_CASE("host clock: a map is used only from its base to kReachNs after it", "[host_clock]") {
   const double hz = GENERATE(1.0e9, 2.5e9, 3.7e9);
-  const TscMap m{~uint64_t{0} - 1000, 77, static_cast<uint64_t>(std::llround(1e9 / hz * 4294967296.0))};
+  const TscMap m{~uint64_t{0} - 1000, 77,
+                 static_cast<uint64_t>(std::llround(1e9 / hz * 4294967296.0))};
   const uint64_t reach = m.reach();
   INFO("hz " << hz << " reach " << reach);
   // kReachNs of ticks, to the tick's rounding.
@@ -193,14 +193,15 @@ TEST_CASE("host clock: a map is used only from its base to kReachNs after it", "
   CHECK(TscMap::covers(m.base_tsc, reach, m.base_tsc));
   CHECK(TscMap::covers(m.base_tsc, reach, m.base_tsc + reach));  // across the TSC's wrap
   CHECK_FALSE(TscMap::covers(m.base_tsc, reach, m.base_tsc + reach + 1));
-  CHECK_FALSE(TscMap::covers(m.base_tsc, reach, m.base_tsc - 1));  // read before a renewal
+  CHECK_FALSE(TscMap::covers(m.base_tsc, reach, m.base_tsc - 1));    // read before a renewal
   CHECK_FALSE(TscMap::covers(5'000'000'000'000ull, reach, 0x1000));  // a TSC reset
   CHECK(TscMap{}.reach() == 0);
 }
 
-TEST_CASE("host clock: the real record clock agrees with CLOCK_MONOTONIC, from threads, "
-          "while it is recalibrated",
-          "[host_clock][threads]") {
+TEST_CASE(
+    "host clock: the real record clock agrees with CLOCK_MONOTONIC, from threads, "
+    "while it is recalibrated",
+    "[host_clock][threads]") {
   std::atomic<bool> stop{false};
   std::thread updater([&] {
     while (!stop.load()) {
@@ -211,7 +212,8 @@ TEST_CASE("host clock: the real record clock agrees with CLOCK_MONOTONIC, from t
   });
   // Whether this machine's TSC is used: then within a few seconds.
   const uint64_t t0 = monotonic_ns();
-  while (std::string(host_clock_source()) == "calibrating" && monotonic_ns() - t0 < 5'000'000'000ull)
+  while (std::string(host_clock_source()) == "calibrating" &&
+         monotonic_ns() - t0 < 5'000'000'000ull)
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
   const std::string source = host_clock_source();
   INFO("host clock source: " << source);
@@ -237,8 +239,8 @@ TEST_CASE("host clock: the real record clock agrees with CLOCK_MONOTONIC, from t
         ++s.reads;
         if (x + kTolNs < a || x > b + kTolNs) {
           ++s.outside;
-          s.worst = std::max<int64_t>(s.worst, x < a ? static_cast<int64_t>(a - x)
-                                                     : static_cast<int64_t>(x - b));
+          s.worst = std::max<int64_t>(
+              s.worst, x < a ? static_cast<int64_t>(a - x) : static_cast<int64_t>(x - b));
         }
         if (x < last) ++s.backwards;
         last = x;
@@ -261,7 +263,8 @@ TEST_CASE("host clock: the real record clock agrees with CLOCK_MONOTONIC, from t
 TEST_CASE("host clock: a map nobody renews lapses, and says so, until it is renewed",
           "[host_clock]") {
   const uint64_t t0 = monotonic_ns();
-  while (std::string(host_clock_source()) == "calibrating" && monotonic_ns() - t0 < 5'000'000'000ull)
+  while (std::string(host_clock_source()) == "calibrating" &&
+         monotonic_ns() - t0 < 5'000'000'000ull)
     std::this_thread::sleep_for(std::min(host_clock_update(), std::chrono::milliseconds(5)));
   const std::string source = host_clock_source();
   INFO("host clock source: " << source);

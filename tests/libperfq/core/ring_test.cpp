@@ -22,8 +22,12 @@ namespace perfq {
 namespace {
 
 perfq_record rec(uint64_t i) {
-  return perfq_record{i, static_cast<uint32_t>(i * 7), static_cast<uint16_t>(i & 0xff),
-                      PERFQ_FLAGS(PERFQ_KIND_INSTANT, PERFQ_CLOCK_HOST), i * 3, ~i};
+  return perfq_record{i,
+                      static_cast<uint32_t>(i * 7),
+                      static_cast<uint16_t>(i & 0xff),
+                      PERFQ_FLAGS(PERFQ_KIND_INSTANT, PERFQ_CLOCK_HOST),
+                      i * 3,
+                      ~i};
 }
 
 bool same(const perfq_record& r, uint64_t i) {
@@ -175,10 +179,12 @@ TEST_CASE("ring: producer and consumer threads, millions of records", "[ring][st
   const bool batched = GENERATE(false, true);
   const uint64_t cap = GENERATE(64, 4096);
   HeapRing<perfq_record> ring(cap);
-  stress(batched ? 3'000'000 : 2'000'000, batched, [&] { return std::make_pair(ring.producer(), ring.consumer()); });
+  stress(batched ? 3'000'000 : 2'000'000, batched,
+         [&] { return std::make_pair(ring.producer(), ring.consumer()); });
 }
 
-TEST_CASE("ring: threads over a shared region with mirrored control words", "[ring][region][stress]") {
+TEST_CASE("ring: threads over a shared region with mirrored control words",
+          "[ring][region][stress]") {
   TempShm shm("ring-region");
   RegionGeometry g;
   g.ring_capacity = GENERATE(256, 65536);

@@ -7,15 +7,15 @@
 #include <thread>
 #include <vector>
 
+#include "core/region.h"
 #include "device/device.h"
 #include "device/device_clock.h"
+#include "device/timer.h"
 #include "host/drain.h"
 #include "host/host_sync.h"
-#include "jobq.h"
-#include "core/region.h"
-#include "sync/sync_buffer.h"
-#include "device/timer.h"
 #include "host/transport.h"
+#include "jobq.h"
+#include "sync/sync_buffer.h"
 #include "test_util.h"
 
 namespace perfq {
@@ -48,8 +48,7 @@ TEST_CASE("sim clock: D and R are exact functions of the true time", "[device][c
   // D(t) = t + offset + t*drift, modulo 2^64.
   CHECK(clk.device_time_at(t0) == t0 - 5'000'000'000'000ull + 1'000'000);
   CHECK(clk.device_time_at(t0 + 1000) == t0 + 1000 - 5'000'000'000'000ull + 1'000'000 - 300);
-  CHECK(clk.device_time_at(t0 + 2000) ==
-        t0 + 2000 - 5'000'000'000'000ull + 1'000'000 - 300 + 7000);
+  CHECK(clk.device_time_at(t0 + 2000) == t0 + 2000 - 5'000'000'000'000ull + 1'000'000 - 300 + 7000);
   // R(t) = offset + t * (1 + drift) * hz / 1e9.
   CHECK(clk.timer_at(t0) == 1000 + 250'025'000);
   // A negative offset bigger than t wraps instead of failing.
@@ -76,7 +75,8 @@ TEST_CASE("sim clock: its drift is the exact product, rounded, for any time and 
   }
 }
 
-TEST_CASE("device: workers, collector and host drain account for every record", "[device][stress]") {
+TEST_CASE("device: workers, collector and host drain account for every record",
+          "[device][stress]") {
   TempShm shm("dev-e2e");
   Region region = make_region(shm, 4096);
   SimClock clock({});
@@ -325,7 +325,7 @@ TEST_CASE("timer: a device that stops answering partway leaves the round what it
     CHECK(x.before <= x.value);
     CHECK(x.value <= x.after);
   }
-  CHECK(took < 2'000'000'000ull);  // one timed-out read, not 37 of them
+  CHECK(took < 2'000'000'000ull);      // one timed-out read, not 37 of them
   CHECK(region.timer()->window == 0);  // the window is closed
 }
 
@@ -516,7 +516,8 @@ TEST_CASE("drain: invalid records from the device are counted and dropped", "[de
   // times, unconverted.
   REQUIRE(p.try_push({5, 1, 0, PERFQ_FLAGS(PERFQ_KIND_INSTANT, PERFQ_CLOCK_DEVICE_TIMER), 10, 0}));
   REQUIRE(p.try_push({6, 1, 0, PERFQ_FLAGS(PERFQ_KIND_INSTANT, PERFQ_CLOCK_HOST), 11, 0}));
-  REQUIRE(p.try_push({7, 1, 0, PERFQ_FLAGS(PERFQ_KIND_INSTANT, PERFQ_CLOCK_HOST_BY_DEVICE), 12, 0}));
+  REQUIRE(
+      p.try_push({7, 1, 0, PERFQ_FLAGS(PERFQ_KIND_INSTANT, PERFQ_CLOCK_HOST_BY_DEVICE), 12, 0}));
   DeviceDrain drain(region);
   std::vector<perfq_record> got;
   auto n = drain.poll(got);
@@ -531,15 +532,22 @@ TEST_CASE("drain: invalid records from the device are counted and dropped", "[de
   for (const auto& r : got) drain.account(r);
   CHECK(drain.streams().at(0).gap_records == 5);
   CHECK(drain.streams().at(0).received == 3);
-  CHECK(validate_record(perfq_record{0, 1, 0, PERFQ_FLAGS(PERFQ_KIND_INSTANT, PERFQ_CLOCK_DEVICE_TIMER), 1, 0})
+  CHECK(validate_record(
+            perfq_record{0, 1, 0, PERFQ_FLAGS(PERFQ_KIND_INSTANT, PERFQ_CLOCK_DEVICE_TIMER), 1, 0})
             .find("timer register R") != std::string::npos);
   // An application's ring holds host times, and never a LOST record.
-  CHECK(validate_record(perfq_record{0, 1, 0, PERFQ_FLAGS(PERFQ_KIND_INSTANT, PERFQ_CLOCK_HOST), 1, 0},
-                        RecordOrigin::kHostApp).empty());
-  CHECK(!validate_record(perfq_record{0, 1, 0, PERFQ_FLAGS(PERFQ_KIND_LOST, PERFQ_CLOCK_HOST), 1, 0},
-                         RecordOrigin::kHostApp).empty());
-  CHECK(!validate_record(perfq_record{0, 1, 0, PERFQ_FLAGS(PERFQ_KIND_INSTANT, PERFQ_CLOCK_DEVICE), 1, 0},
-                         RecordOrigin::kHostApp).empty());
+  CHECK(validate_record(
+            perfq_record{0, 1, 0, PERFQ_FLAGS(PERFQ_KIND_INSTANT, PERFQ_CLOCK_HOST), 1, 0},
+            RecordOrigin::kHostApp)
+            .empty());
+  CHECK(
+      !validate_record(perfq_record{0, 1, 0, PERFQ_FLAGS(PERFQ_KIND_LOST, PERFQ_CLOCK_HOST), 1, 0},
+                       RecordOrigin::kHostApp)
+           .empty());
+  CHECK(!validate_record(
+             perfq_record{0, 1, 0, PERFQ_FLAGS(PERFQ_KIND_INSTANT, PERFQ_CLOCK_DEVICE), 1, 0},
+             RecordOrigin::kHostApp)
+             .empty());
 
   // A corrupt tail stops the drain with the values seen.
   store_release(&region.host_ctrl()->tail_mirror, 1u << 20);
@@ -547,7 +555,6 @@ TEST_CASE("drain: invalid records from the device are counted and dropped", "[de
   REQUIRE_FALSE(e.is_ok());
   CHECK(e.status().message().find("1048576") != std::string::npos);
 }
-
 
 TEST_CASE("drain: a recording counts from its own first records, not from what came before",
           "[device][drain]") {

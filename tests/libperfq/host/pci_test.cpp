@@ -11,8 +11,8 @@
 #include <map>
 #include <nlohmann/json.hpp>
 
-#include "perfq/pci.h"
 #include "host/pci_scan.h"
+#include "perfq/pci.h"
 #include "test_util.h"
 
 #ifndef PERFQ_TEST_FIXTURES_DIR
@@ -65,7 +65,8 @@ TEST_CASE("pci: link ceilings are speed x width x encoding efficiency / 8", "[pc
   // Every speed at every width: linear in the width.
   for (uint32_t mtps : kPcieSpeedsMtps)
     for (uint32_t w : {1u, 2u, 4u, 8u, 12u, 16u, 32u})
-      CHECK(near(pcie_link_ceiling_bytes_per_s(mtps, w), w * pcie_link_ceiling_bytes_per_s(mtps, 1)));
+      CHECK(
+          near(pcie_link_ceiling_bytes_per_s(mtps, w), w * pcie_link_ceiling_bytes_per_s(mtps, 1)));
 
   CHECK(pcie_speed_mtps(1) == 2500u);
   CHECK(pcie_speed_mtps(6) == 64000u);
@@ -87,11 +88,10 @@ TEST_CASE("pci: the fixture bus, field by field", "[pci]") {
   std::vector<std::string> order;
   for (const auto& d : s.devices) order.push_back(d.address);
   // Sorted by domain, bus, slot, function.
-  CHECK(order == std::vector<std::string>{"0000:00:03.0", "0000:00:1c.0", "0000:00:1f.3",
-                                          "0000:01:00.0", "0000:02:00.0", "0000:03:00.0",
-                                          "0000:04:00.0", "0000:05:00.0", "0000:06:00.0",
-                                          "0000:07:00.0", "0000:08:00.0", "0000:0b:00.0",
-                                          "0001:0a:00.0"});
+  CHECK(order == std::vector<std::string>{
+                     "0000:00:03.0", "0000:00:1c.0", "0000:00:1f.3", "0000:01:00.0", "0000:02:00.0",
+                     "0000:03:00.0", "0000:04:00.0", "0000:05:00.0", "0000:06:00.0", "0000:07:00.0",
+                     "0000:08:00.0", "0000:0b:00.0", "0001:0a:00.0"});
   for (const auto& d : s.devices) {
     INFO(d.address);
     CHECK(d.error.empty());
@@ -116,12 +116,13 @@ TEST_CASE("pci: the fixture bus, field by field", "[pci]") {
        "82574L Gigabit Network Connection", "Gigabit CT Desktop Adapter", "Ethernet controller",
        256, 128, 512, link(2.5, 1), link(2.5, 1), 250e6, 250e6, false},
       {"0000:02:00.0", 0x8086, 0x1521, 0x8086, 0x0001, 0x0200, "Intel Corporation",
-       "I350 Gigabit Network Connection", "Ethernet Server Adapter I350-T4",
-       "Ethernet controller", 512, 256, 512, link(5, 4), link(5, 4), 2e9, 2e9, false},
+       "I350 Gigabit Network Connection", "Ethernet Server Adapter I350-T4", "Ethernet controller",
+       512, 256, 512, link(5, 4), link(5, 4), 2e9, 2e9, false},
       {"0000:03:00.0", 0x15b3, 0x1015, 0x15b3, 0x0003, 0x0200, "Mellanox Technologies",
-       "MT27710 Family [ConnectX-4 Lx]", "Stand-up ConnectX-4 Lx EN, 25GbE dual-port SFP28, PCIe3.0 x8, MCX4121A-ACAT",
-       "Ethernet controller", 512, 256, 4096, link(8, 8), link(8, 8), 7.876923077e9,
-       7.876923077e9, false},
+       "MT27710 Family [ConnectX-4 Lx]",
+       "Stand-up ConnectX-4 Lx EN, 25GbE dual-port SFP28, PCIe3.0 x8, MCX4121A-ACAT",
+       "Ethernet controller", 512, 256, 4096, link(8, 8), link(8, 8), 7.876923077e9, 7.876923077e9,
+       false},
       {"0000:04:00.0", 0x10de, 0x20b0, 0x10de, 0x134f, 0x0302, "NVIDIA Corporation",
        "GA100 [A100 SXM4 40GB]", "", "3D controller", 256, 256, 512, link(16, 16), link(16, 16),
        31.50769231e9, 31.50769231e9, false},
@@ -129,12 +130,12 @@ TEST_CASE("pci: the fixture bus, field by field", "[pci]") {
        "GH100[H100 SXM5 80GB]", "", "3D controller", 256, 256, 512, link(32, 16), link(32, 16),
        63.01538462e9, 63.01538462e9, false},
       {"0000:06:00.0", 0x144d, 0xa80a, 0x144d, 0xa801, 0x0108, "Samsung Electronics Co Ltd",
-       "NVMe SSD Controller PM9A1/PM9A3/980PRO", "", "Non-Volatile memory controller",
-       256, 256, 512, link(16, 4), link(8, 4), 7.876923077e9, 3.938461538e9, true},
-      {"0000:07:00.0", 0x1002, 0x73bf, 0x1002, 0x0e3a, 0x0300, "Advanced Micro Devices, Inc. [AMD/ATI]",
-       "Navi 21 [Radeon RX 6800/6800 XT / 6900 XT]", "Radeon RX 6900 XT",
-       "VGA compatible controller", 256, 256, 512, link(16, 16), link(16, 8), 31.50769231e9,
-       15.75384615e9, true},
+       "NVMe SSD Controller PM9A1/PM9A3/980PRO", "", "Non-Volatile memory controller", 256, 256,
+       512, link(16, 4), link(8, 4), 7.876923077e9, 3.938461538e9, true},
+      {"0000:07:00.0", 0x1002, 0x73bf, 0x1002, 0x0e3a, 0x0300,
+       "Advanced Micro Devices, Inc. [AMD/ATI]", "Navi 21 [Radeon RX 6800/6800 XT / 6900 XT]",
+       "Radeon RX 6900 XT", "VGA compatible controller", 256, 256, 512, link(16, 16), link(16, 8),
+       31.50769231e9, 15.75384615e9, true},
   };
   for (const auto& w : endpoints) {
     const PciDevice& d = find(s, w.address);
@@ -400,8 +401,7 @@ TEST_CASE("pci: /dev/perfqN maps to its PCI address through sysfs", "[pci]") {
   REQUIRE_FALSE(not_pci.is_ok());
   CHECK(not_pci.status().code() == Errc::kCorrupt);
   CHECK(perfq_device_pci_address("/dev/perfqX", root).status().code() == Errc::kInvalidArgument);
-  CHECK(perfq_device_pci_address("shm:/dev/shm/x", root).status().code() ==
-        Errc::kInvalidArgument);
+  CHECK(perfq_device_pci_address("shm:/dev/shm/x", root).status().code() == Errc::kInvalidArgument);
 
   auto shm = pci_device_for_spec("shm:/dev/shm/perfq0");
   REQUIRE(shm.is_ok());

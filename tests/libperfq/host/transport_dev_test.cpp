@@ -13,9 +13,9 @@
 #include <cstdlib>
 #include <string>
 
-#include "host/fault_guard.h"
 #include "core/mapping.h"
 #include "core/region.h"
+#include "host/fault_guard.h"
 #include "host/transport.h"
 
 namespace perfq {
@@ -115,7 +115,6 @@ TEST_CASE("opening /dev/perfqN without the driver says so", "[transport]") {
   REQUIRE_FALSE(t.is_ok());
   CHECK(t.status().code() == Errc::kNotFound);
   CHECK(t.status().message().find("perfq.ko") != std::string::npos);
-
 }
 
 TEST_CASE("an shm transport is never gone", "[transport]") {

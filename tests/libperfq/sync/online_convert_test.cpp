@@ -71,8 +71,8 @@ perfq_record device_record(uint16_t stream, uint64_t index, uint64_t d, uint64_t
 struct TwoStreams {
   const Clock& clock;
   uint64_t index[2] = {0, 0};
-  void poll(OnlineConverter& conv, const ConversionModel* m, uint64_t from, uint64_t to, int64_t read,
-            std::vector<TraceRecord>& out) {
+  void poll(OnlineConverter& conv, const ConversionModel* m, uint64_t from, uint64_t to,
+            int64_t read, std::vector<TraceRecord>& out) {
     std::vector<perfq_record> batch;
     for (uint64_t t = from; t < to; t += 50'000)
       for (uint16_t st = 0; st < 2; ++st) {
@@ -109,8 +109,9 @@ struct Check {
   }
 };
 
-TEST_CASE("online convert: a device time waits for a round after it, then converts within its claim",
-          "[sync][convert]") {
+TEST_CASE(
+    "online convert: a device time waits for a round after it, then converts within its claim",
+    "[sync][convert]") {
   Clock clock;
   Rounds rounds(clock);
   OnlineConverter conv(options(3));
@@ -128,8 +129,8 @@ TEST_CASE("online convert: a device time waits for a round after it, then conver
       batch.push_back(device_record(0, index++, clock.d(t), t));
     }
     const size_t before = out.size();
-    CHECK(conv.feed(batch, rounds.model.get(), static_cast<int64_t>(h), static_cast<int64_t>(h + kRoundNs),
-                    out) == 0);
+    CHECK(conv.feed(batch, rounds.model.get(), static_cast<int64_t>(h),
+                    static_cast<int64_t>(h + kRoundNs), out) == 0);
     // None of them is covered yet: nothing converts past the newest round.
     CHECK(out.size() == before);
     if (k >= 4) CHECK(conv.waiting() == batch.size());  // earlier: waiting for 5 rounds
@@ -249,8 +250,10 @@ TEST_CASE("online convert: mode B's times keep their bound only where no step ca
 // A record waits at most max_wait_ns; then it converts with the model
 // there is, marked forced: past the newest round, without a bound (a step
 // there would be unseen).
-TEST_CASE("online convert: a record that waited too long converts forced, without a bound past the newest round",
-          "[sync][convert]") {
+TEST_CASE(
+    "online convert: a record that waited too long converts forced, without a bound past the "
+    "newest round",
+    "[sync][convert]") {
   Clock clock;
   Rounds rounds(clock);
   OnlineConverter conv(options(1, 500'000'000, 10'000'000'000));
@@ -263,7 +266,8 @@ TEST_CASE("online convert: a record that waited too long converts forced, withou
     const uint64_t t = h + static_cast<uint64_t>(i) * 1'000'000;
     batch.push_back(device_record(0, static_cast<uint64_t>(i), clock.d(t), t));
   }
-  conv.feed(batch, rounds.model.get(), static_cast<int64_t>(h), static_cast<int64_t>(h + 60'000'000), out);
+  conv.feed(batch, rounds.model.get(), static_cast<int64_t>(h),
+            static_cast<int64_t>(h + 60'000'000), out);
   CHECK(out.empty());
   REQUIRE(conv.release(rounds.model, static_cast<int64_t>(h + 100'000'000), out));
   CHECK(out.empty());  // waited 100 ms of 500
@@ -363,7 +367,8 @@ TEST_CASE("online convert: a clock far off its nominal rate, from the first roun
     REQUIRE(conv.release(rounds.model, static_cast<int64_t>(h), out));
     for (int p = 0; p < 10; ++p) {
       const uint64_t p0 = h + static_cast<uint64_t>(p) * 10'000'000;
-      streams.poll(conv, rounds.model.get(), p0, p0 + 10'000'000, static_cast<int64_t>(p0 + 10'000'000), out);
+      streams.poll(conv, rounds.model.get(), p0, p0 + 10'000'000,
+                   static_cast<int64_t>(p0 + 10'000'000), out);
     }
   }
   rounds.round(kH0 + 30 * kRoundNs);

@@ -177,7 +177,8 @@ TEST_CASE("sync buffer: reader never sees a torn sample batch", "[sync]") {
     for (uint32_t r = 1; r <= kRounds; ++r) {
       const uint32_t n = 1 + r % PERFQ_SYNC_MAX_SAMPLES;
       s.resize(n);
-      for (uint32_t i = 0; i < n; ++i) s[i] = perfq_clock_sample{r * 1000ULL + i, r * 2000ULL + i, r * 3000ULL + i, 0};
+      for (uint32_t i = 0; i < n; ++i)
+        s[i] = perfq_clock_sample{r * 1000ULL + i, r * 2000ULL + i, r * 3000ULL + i, 0};
       write_sample_batch(&page->device_samples, r, s);
       if (r % 16 == 0) std::this_thread::yield();  // let the reader in now and then
     }
@@ -199,7 +200,8 @@ TEST_CASE("sync buffer: reader never sees a torn sample batch", "[sync]") {
     if (b->samples.size() != 1 + r % PERFQ_SYNC_MAX_SAMPLES) ++torn;
     for (size_t i = 0; i < b->samples.size(); ++i) {
       const auto& s = b->samples[i];
-      if (s.before != r * 1000ULL + i || s.value != r * 2000ULL + i || s.after != r * 3000ULL + i) ++torn;
+      if (s.before != r * 1000ULL + i || s.value != r * 2000ULL + i || s.after != r * 3000ULL + i)
+        ++torn;
     }
   }
   writer.join();

@@ -45,11 +45,11 @@ struct Sim {
   // Sampling.
   int host_samples = 16;
   int device_samples = 16;
-  long double base_ns = 0;        // fixed latency of each leg
-  long double jitter_ns = 0;      // mean of the exponential part of each leg
-  long double preempt_p = 0;      // probability a leg is preempted
+  long double base_ns = 0;         // fixed latency of each leg
+  long double jitter_ns = 0;       // mean of the exponential part of each leg
+  long double preempt_p = 0;       // probability a leg is preempted
   long double value_sigma_ns = 0;  // Gaussian noise on the D value read
-  long double shift_p = 0;        // probability a device sample's D is shifted
+  long double shift_p = 0;         // probability a device sample's D is shifted
   long double round_interval_ns = 100e6;
 
   std::mt19937_64 rng{12345};
@@ -78,7 +78,8 @@ struct Sim {
 
   long double leg() {
     long double v = base_ns;
-    if (jitter_ns > 0) v += std::exponential_distribution<double>(1.0 / static_cast<double>(jitter_ns))(rng);
+    if (jitter_ns > 0)
+      v += std::exponential_distribution<double>(1.0 / static_cast<double>(jitter_ns))(rng);
     if (preempt_p > 0 && std::uniform_real_distribution<double>(0, 1)(rng) < preempt_p)
       v += std::uniform_real_distribution<double>(50e3, 500e3)(rng);
     return v;
@@ -97,7 +98,8 @@ struct Sim {
       if (i < device_samples) {
         const long double c = leg(), d = leg();
         long double dn = dev_ns(t + c) + shift_round_ns;
-        if (value_sigma_ns > 0) dn += std::normal_distribution<double>(0, static_cast<double>(value_sigma_ns))(rng);
+        if (value_sigma_ns > 0)
+          dn += std::normal_distribution<double>(0, static_cast<double>(value_sigma_ns))(rng);
         if (shift_p > 0 && std::uniform_real_distribution<double>(0, 1)(rng) < shift_p)
           dn += std::uniform_real_distribution<double>(20e3, 200e3)(rng);
         r.device.push_back(perfq_clock_sample{R(t), D_at_devns(dn), R(t + c + d), 0});
@@ -117,8 +119,8 @@ struct Sim {
 
   // The true time at which the (unstepped) device clock reads d.
   long double true_time_of(uint64_t d) const {
-    const long double dn = static_cast<long double>(time_diff(d, D0)) * 1e9L /
-                           static_cast<long double>(device_hz);
+    const long double dn =
+        static_cast<long double>(time_diff(d, D0)) * 1e9L / static_cast<long double>(device_hz);
     return dn / (1 + drift);
   }
 };
@@ -178,7 +180,8 @@ double observation_rms(const Sim& sim, const std::vector<SyncObservation>& obs,
   for (const auto& o : obs) {
     if (std::find(leave_out.begin(), leave_out.end(), o.round) != leave_out.end()) continue;
     const long double t = sim.true_time_of(o.device_time);
-    const double e = static_cast<double>(static_cast<long double>(time_diff(o.host_ns, sim.H0)) - t);
+    const double e =
+        static_cast<double>(static_cast<long double>(time_diff(o.host_ns, sim.H0)) - t);
     s += e * e;
   }
   return std::sqrt(s / static_cast<double>(obs.size() - leave_out.size()));
@@ -239,10 +242,10 @@ TEST_CASE("sync: observation from one round, formula and validation", "[sync]") 
     // its R shifted by 50 us (a bad read), one is preempted.
     std::vector<perfq_clock_sample> hh{
         {100'000, 99'000 - 50'000, 100'004, 0},  // delay 4, shifted
-        {200'000, 199'005, 200'010, 0},           // delay 10
-        {300'000, 299'006, 300'012, 0},           // delay 12
-        {400'000, 399'006, 400'012, 0},           // delay 12
-        {500'000, 550'000, 600'000, 0},           // delay 100000 (preempted)
+        {200'000, 199'005, 200'010, 0},          // delay 10
+        {300'000, 299'006, 300'012, 0},          // delay 12
+        {400'000, 399'006, 400'012, 0},          // delay 12
+        {500'000, 550'000, 600'000, 0},          // delay 100000 (preempted)
     };
     std::vector<perfq_clock_sample> dd{{299'000, 5, 299'000, 0}};  // D 5 at R 299000
     SelectionConfig sel;
@@ -276,11 +279,13 @@ TEST_CASE("sync: exact recovery without noise", "[sync]") {
   const Case c = GENERATE(
       Case{1'000'000'000'000ULL, 0, 0, 1'000'000'000, 1'000'000'000, 0},
       // Device clock at 1970 epoch ns, host at 11 days of uptime: H - D ~ -1.7e18.
-      Case{1'000'000'000'000'000ULL, 1'700'000'000'000'000'000ULL, 55, 1'000'000'000, 1'000'000'000, 1e-3L},
+      Case{1'000'000'000'000'000ULL, 1'700'000'000'000'000'000ULL, 55, 1'000'000'000, 1'000'000'000,
+           1e-3L},
       // H - D ~ +9e18 as u64 (beyond s64: modular), drift -1000 ppm.
       Case{9'000'000'000'000'000'000ULL, 12345, 1ULL << 63, 1'000'000'000, 1'000'000'000, -1e-3L},
       // H - D ~ -2^63: D near the top of u64.
-      Case{5'000'000'000ULL, UINT64_MAX - 1'000'000'000'000'000ULL, 7, 1'000'000'000, 100'000'000, 250e-6L},
+      Case{5'000'000'000ULL, UINT64_MAX - 1'000'000'000'000'000ULL, 7, 1'000'000'000, 100'000'000,
+           250e-6L},
       // Different nominal rates: D 250 MHz, R 19.2 MHz.
       Case{77'000'000'000ULL, 3'000'000'000'000ULL, 999, 250'000'000, 19'200'000, -1e-3L},
       // D slower than R: D 100 MHz, R 1 GHz, +1000 ppm.
@@ -305,13 +310,15 @@ TEST_CASE("sync: exact recovery without noise", "[sync]") {
   // observation can be off by up to one timer tick (host R2 vs device R1)
   // plus one device tick; a record stamped with a floored D is late by up
   // to one device tick; plus rounding (1 ns).
-  const double tick_budget = 1e9 / static_cast<double>(c.thz) + 2e9 / static_cast<double>(c.dhz) + 2;
+  const double tick_budget =
+      1e9 / static_cast<double>(c.thz) + 2e9 / static_cast<double>(c.dhz) + 2;
   // Rounds 0 and 1 only have the nominal rate prior: check from round 2 on.
   auto on = record_errors(sim, 0.2e9L, 10e9L, 3000, [&](uint64_t d) { return sync.to_host(d); });
   INFO("online p50 " << on.p(0.5) << " p99 " << on.p(0.99) << " max " << on.max() << " budget "
                      << tick_budget);
   CHECK(on.max() <= tick_budget);
-  const double drift_err_ppb = sync.current().device_drift_ppb(sim.rates()) - static_cast<double>(c.drift * 1e9L);
+  const double drift_err_ppb =
+      sync.current().device_drift_ppb(sim.rates()) - static_cast<double>(c.drift * 1e9L);
   INFO("drift error " << drift_err_ppb << " ppb");
   CHECK(std::fabs(drift_err_ppb) < 10);  // 0.01 ppm
 
@@ -320,8 +327,9 @@ TEST_CASE("sync: exact recovery without noise", "[sync]") {
   const perfq_sync_model m = sync.current().to_abi();
   CHECK(m.flags == PERFQ_SYNC_MODEL_VALID);
   for (long double dt : {0.0L, 1e6L, 50e6L, 100e6L}) {
-    const uint64_t d = sync.current().device_ref +
-                       static_cast<uint64_t>(static_cast<int64_t>(dt * static_cast<long double>(c.dhz) / 1e9L));
+    const uint64_t d =
+        sync.current().device_ref +
+        static_cast<uint64_t>(static_cast<int64_t>(dt * static_cast<long double>(c.dhz) / 1e9L));
     CHECK(std::llabs(time_diff(apply_abi_model(m, d), sync.current().to_host(d))) <= 2);
   }
   // Exact integer conversion over hours at 1000 ppm: 3 h = 1.08e13 ticks.
@@ -388,13 +396,16 @@ TEST_CASE("sync: bounded error with jitter", "[sync]") {
   // The derived bound where the window is full (128 rounds = 12.8 s).
   auto full = record_errors(sim, 13e9L, 20e9L, 3000, conv);
   const double bound = derived_p99_bound(obs_rms, sync.config().window, 1);
-  std::nth_element(round_us.begin(), round_us.begin() + static_cast<std::ptrdiff_t>(round_us.size() / 2), round_us.end());
-  const double drift_err_ppm = (at10s.device_drift_ppb(sim.rates()) - static_cast<double>(sim.drift * 1e9L)) / 1000;
+  std::nth_element(round_us.begin(),
+                   round_us.begin() + static_cast<std::ptrdiff_t>(round_us.size() / 2),
+                   round_us.end());
+  const double drift_err_ppm =
+      (at10s.device_drift_ppb(sim.rates()) - static_cast<double>(sim.drift * 1e9L)) / 1000;
   WARN((value_noise ? "value jitter 3us" : "bracket jitter 3us")
        << ": observation rms " << obs_rms << " ns; online error p50 " << e.p(0.5) << " p99 "
        << e.p(0.99) << " max " << e.max() << " ns; full window p99 " << full.p(0.99)
-       << " (derived bound " << bound << "); drift error at 10 s " << drift_err_ppm << " ppm; round cpu median "
-       << round_us[round_us.size() / 2] << " us");
+       << " (derived bound " << bound << "); drift error at 10 s " << drift_err_ppm
+       << " ppm; round cpu median " << round_us[round_us.size() / 2] << " us");
   CHECK(full.p(0.99) <= bound);
   CHECK(e.p(0.99) <= 1000);  // target: p99 <= 1 us with 3 us jitter
   CHECK(e.p(0.5) <= 200);    // target: median <= 200 ns
@@ -451,8 +462,8 @@ TEST_CASE("sync: one-sided read delays of the shared-memory exchange", "[sync]")
   const double obs_rms = observation_rms(sim, observe_all(rounds, sim.rates()));
   auto e = record_errors(sim, 2e9L, 20e9L, 5000, [&](uint64_t d) { return sync.to_host(d); });
   WARN("one-sided 3 us read delays: observation rms " << obs_rms << " ns; online error p50 "
-                                                      << e.p(0.5) << " p99 " << e.p(0.99)
-                                                      << " max " << e.max() << " ns");
+                                                      << e.p(0.5) << " p99 " << e.p(0.99) << " max "
+                                                      << e.max() << " ns");
   CHECK(e.p(0.5) <= 120);
   CHECK(e.p(0.99) <= 500);
   CHECK(sync.history().segments().size() == 1);
@@ -469,7 +480,8 @@ TEST_CASE("sync: preemption outliers are rejected", "[sync]") {
   std::vector<SyncRound> rounds;
   std::vector<uint32_t> shifted_rounds = {37, 81, 82 + 40, 150};
   for (uint32_t i = 0; i < 200; ++i) {
-    const bool shift = std::find(shifted_rounds.begin(), shifted_rounds.end(), i) != shifted_rounds.end();
+    const bool shift =
+        std::find(shifted_rounds.begin(), shifted_rounds.end(), i) != shifted_rounds.end();
     // A whole round off by 300 us: a single outlier observation.
     rounds.push_back(sim.round_at(static_cast<long double>(i) * 100e6L, i, shift ? 300e3L : 0));
   }
@@ -507,8 +519,8 @@ TEST_CASE("sync: preemption outliers are rejected", "[sync]") {
   const double sel_rms = observation_rms(sim, obs, leave_out);
   const double naive_rms = observation_rms(sim, nobs, leave_out);
   WARN("preemption: observation rms (whole-round outliers left out) selected "
-       << sel_rms << " ns, naive " << naive_rms << " ns; online error p50 " << e.p(0.5)
-       << " p99 " << e.p(0.99) << " max " << e.max() << " ns");
+       << sel_rms << " ns, naive " << naive_rms << " ns; online error p50 " << e.p(0.5) << " p99 "
+       << e.p(0.99) << " max " << e.max() << " ns");
   // 500 ns jitter: same derivation as the jitter test.
   auto full = record_errors(sim, 13e9L, 20e9L, 3000, [&](uint64_t d) { return sync.to_host(d); });
   CHECK(full.p(0.99) <= derived_p99_bound(sel_rms, sync.config().window, 1));
@@ -516,7 +528,8 @@ TEST_CASE("sync: preemption outliers are rejected", "[sync]") {
   CHECK(sel_rms * 10 < naive_rms);
 }
 
-// ---- steps ----------------------------------------------------------------------------------------
+// ---- steps
+// ----------------------------------------------------------------------------------------
 
 TEST_CASE("sync: steps start segments, a single outlier does not", "[sync]") {
   Sim sim;
@@ -562,7 +575,7 @@ TEST_CASE("sync: steps start segments, a single outlier does not", "[sync]") {
   auto conv = [&](uint64_t d) { return sync.to_host(d); };
   auto e = record_errors(sim, 0.3e9L, 13e9L, 6000, conv, skip);
   WARN("steps: online error outside step intervals p50 " << e.p(0.5) << " p99 " << e.p(0.99)
-       << " max " << e.max() << " ns");
+                                                         << " max " << e.max() << " ns");
   CHECK(e.p(0.99) <= 500);
   CHECK(e.max() <= 2000);
   // Each side of each step, with the segment valid there.
@@ -589,8 +602,10 @@ TEST_CASE("sync: steps start segments, a single outlier does not", "[sync]") {
   // The offline fit finds the same segments.
   auto off = fit_offline(obs, sim.rates());
   CHECK(off.model.segments().size() == 4);
-  auto oe = record_errors(sim, 0, 13e9L, 6000, [&](uint64_t d) { return off.model.to_host(d); }, skip);
-  WARN("steps: offline error p50 " << oe.p(0.5) << " p99 " << oe.p(0.99) << " max " << oe.max() << " ns");
+  auto oe = record_errors(
+      sim, 0, 13e9L, 6000, [&](uint64_t d) { return off.model.to_host(d); }, skip);
+  WARN("steps: offline error p50 " << oe.p(0.5) << " p99 " << oe.p(0.99) << " max " << oe.max()
+                                   << " ns");
   CHECK(oe.p(0.99) <= 500);
 }
 
@@ -630,9 +645,11 @@ TEST_CASE("sync: a clock far off its declared rate is followed, and said to be i
   // model valid at their time), and the whole-recording model.
   auto on = record_errors(sim, 0.05e9L, 4.9e9L, 4000, [&](uint64_t d) { return sync.to_host(d); });
   auto off = fit_offline_rounds(rounds, sim.rates());
-  auto offe = record_errors(sim, 0.05e9L, 4.9e9L, 4000, [&](uint64_t d) { return off.model.to_host(d); });
+  auto offe =
+      record_errors(sim, 0.05e9L, 4.9e9L, 4000, [&](uint64_t d) { return off.model.to_host(d); });
   WARN("rate break at " << static_cast<double>(drift * 1e6L) << " ppm: online p99 " << on.p(0.99)
-       << " max " << on.max() << " ns; offline p99 " << offe.p(0.99) << " max " << offe.max() << " ns");
+                        << " max " << on.max() << " ns; offline p99 " << offe.p(0.99) << " max "
+                        << offe.max() << " ns");
   CHECK(on.max() < 2'000);
   CHECK(offe.max() < 2'000);
 }
@@ -652,7 +669,8 @@ TEST_CASE("sync: a young model's claim holds where the prior's rate is wrong", "
   constexpr uint64_t kH0 = 1'000'000'000'000ull;
   const auto device = [&](uint64_t h) {
     return h + 2'570'000'000ull +
-           static_cast<uint64_t>(static_cast<int64_t>(static_cast<double>(static_cast<int64_t>(h - kH0)) * drift));
+           static_cast<uint64_t>(
+               static_cast<int64_t>(static_cast<double>(static_cast<int64_t>(h - kH0)) * drift));
   };
   uint64_t checked = 0, beyond = 0;
   for (uint64_t seed = 0; seed < 200; ++seed) {
@@ -738,7 +756,8 @@ TEST_CASE("sync: the recent part of the history converts recent times as the who
   }
 }
 
-// ---- offline ---------------------------------------------------------------------------------------
+// ---- offline
+// ---------------------------------------------------------------------------------------
 
 TEST_CASE("sync: offline re-synchronization beats or equals online", "[sync]") {
   Sim sim;
@@ -756,20 +775,24 @@ TEST_CASE("sync: offline re-synchronization beats or equals online", "[sync]") {
   REQUIRE(off.model.segments().size() == 2);
   REQUIRE(off2.model.segments().size() == 2);
   const std::vector<std::pair<long double, long double>> skip = {{12.0e9L, 12.1e9L}};
-  auto on = record_errors(sim, 0.3e9L, 25e9L, 8000, [&](uint64_t d) { return sync.to_host(d); }, skip);
-  auto of = record_errors(sim, 0.3e9L, 25e9L, 8000, [&](uint64_t d) { return off.model.to_host(d); }, skip);
-  auto of2 = record_errors(sim, 0.3e9L, 25e9L, 8000, [&](uint64_t d) { return off2.model.to_host(d); }, skip);
+  auto on = record_errors(
+      sim, 0.3e9L, 25e9L, 8000, [&](uint64_t d) { return sync.to_host(d); }, skip);
+  auto of = record_errors(
+      sim, 0.3e9L, 25e9L, 8000, [&](uint64_t d) { return off.model.to_host(d); }, skip);
+  auto of2 = record_errors(
+      sim, 0.3e9L, 25e9L, 8000, [&](uint64_t d) { return off2.model.to_host(d); }, skip);
   WARN("offline vs online (3 us bracket jitter, one step): online p50 "
        << on.p(0.5) << " p99 " << on.p(0.99) << " rms " << on.rms() << " max " << on.max()
-       << "; offline p50 " << of.p(0.5) << " p99 " << of.p(0.99) << " rms " << of.rms()
-       << " max " << of.max() << " ns");
+       << "; offline p50 " << of.p(0.5) << " p99 " << of.p(0.99) << " rms " << of.rms() << " max "
+       << of.max() << " ns");
   CHECK(of.rms() <= on.rms());
   CHECK(of.p(0.99) <= on.p(0.99));
   // From raw rounds: the same fit, less the rounds the gate leaves out.
   CHECK(of2.rms() == Approx(of.rms()).epsilon(0.05));
   // Every knot is an ABI model.
   const auto abi = off.model.to_abi();
-  CHECK(abi.size() == obs.size() - static_cast<size_t>(std::count(off.segment_of.begin(), off.segment_of.end(), -1)));
+  CHECK(abi.size() == obs.size() - static_cast<size_t>(std::count(off.segment_of.begin(),
+                                                                  off.segment_of.end(), -1)));
   for (const auto& m : abi) CHECK(m.flags == PERFQ_SYNC_MODEL_VALID);
 }
 
@@ -805,7 +828,7 @@ TEST_CASE("sync: offline, loose rounds narrow down where a step happened", "[syn
   // Only the interval between rounds 30 and 31 is ambiguous.
   auto e = record_errors(sim, 0.2e9L, 5.9e9L, 8000, conv, {{3.0e9L, 3.1e9L}});
   WARN("offline with loose rounds around a step: p50 " << e.p(0.5) << " p99 " << e.p(0.99)
-       << " max " << e.max() << " ns");
+                                                       << " max " << e.max() << " ns");
   CHECK(e.max() <= 20'000);
   // The boundary lies in that interval, on the host midpoint of it.
   const auto& segs = off.model.segments();
@@ -852,8 +875,9 @@ TEST_CASE("sync: loose rounds alone witness a step", "[sync]") {
   // milliseconds, and the model says so.
   auto conv = [&](uint64_t d) { return sync.to_host(d); };
   auto after = record_errors(sim, 3.3e9L, 5.9e9L, 2000, conv);
-  WARN("loose witnesses, online after the step: p50 " << after.p(0.5) << " max " << after.max()
-       << " ns; claim " << sync.current().uncertainty_ns << " ns");
+  WARN("loose witnesses, online after the step: p50 "
+       << after.p(0.5) << " max " << after.max() << " ns; claim " << sync.current().uncertainty_ns
+       << " ns");
   CHECK(after.max() <= 100'000);
   CHECK(sync.current().uncertainty_ns >= 1'000);
   auto before = record_errors(sim, 0.2e9L, 3.0e9L, 2000, conv);
@@ -867,7 +891,8 @@ TEST_CASE("sync: loose rounds alone witness a step", "[sync]") {
   CHECK(record_errors(sim, 0.2e9L, 3.0e9L, 2000, oconv).max() <= 2'000);
 }
 
-// ---- mode B ------------------------------------------------------------------------------------------
+// ---- mode B
+// ------------------------------------------------------------------------------------------
 
 TEST_CASE("sync: mode B, the device converts its own record times", "[sync]") {
   Sim sim;
@@ -896,12 +921,14 @@ TEST_CASE("sync: mode B, the device converts its own record times", "[sync]") {
                                     selection_for({}, host.current(), sim.rates()), rd.round)
                        .value());
   }
-  CHECK(dev.update_from_page(page.get(), rounds.back().device, 9999).status().code() == Errc::kUnavailable);
+  CHECK(dev.update_from_page(page.get(), rounds.back().device, 9999).status().code() ==
+        Errc::kUnavailable);
   REQUIRE(dev.ready());
   // Records stamped after the last round, converted by the device as it
   // collects them.
   auto e = record_errors(sim, 9.9e9L, 10e9L, 1000, [&](uint64_t d) { return dev.to_host(d); });
-  WARN("mode B: device-side conversion p50 " << e.p(0.5) << " p99 " << e.p(0.99) << " max " << e.max() << " ns");
+  WARN("mode B: device-side conversion p50 " << e.p(0.5) << " p99 " << e.p(0.99) << " max "
+                                             << e.max() << " ns");
   CHECK(e.p(0.99) <= 500);
   const uint64_t d = sim.D(9.95e9L);
   CHECK(dev.to_host(d) == host.current().to_host(d));
@@ -909,7 +936,8 @@ TEST_CASE("sync: mode B, the device converts its own record times", "[sync]") {
   r.arg = 5;
   REQUIRE(dev.convert_record(&r));
   CHECK(r.time == dev.to_host(d));
-  CHECK((r.flags & PERFQ_FLAGS_DOMAIN_MASK) >> PERFQ_FLAGS_DOMAIN_SHIFT == PERFQ_CLOCK_HOST_BY_DEVICE);
+  CHECK((r.flags & PERFQ_FLAGS_DOMAIN_MASK) >> PERFQ_FLAGS_DOMAIN_SHIFT ==
+        PERFQ_CLOCK_HOST_BY_DEVICE);
   CHECK((r.flags & PERFQ_FLAGS_KIND_MASK) == PERFQ_KIND_INSTANT);
   CHECK_FALSE(dev.convert_record(&r));  // already in host time
 }
@@ -989,8 +1017,8 @@ TEST_CASE("sync: mode B, the device converts a record only where its model holds
                   << " ns)");
     CHECK(beyond == 0);
     CHECK(worst < 2000);
-    CHECK(left > 0);                   // the first rounds' records wait for the host
-    CHECK(converted > 20 * 30);        // and the device converts once it holds
+    CHECK(left > 0);             // the first rounds' records wait for the host
+    CHECK(converted > 20 * 30);  // and the device converts once it holds
   }
 }
 

@@ -18,9 +18,9 @@
 
 #include <nlohmann/json.hpp>
 
-#include "trace/crc32c.h"
-#include "sync/sync.h"
 #include "perfq/trace.h"
+#include "sync/sync.h"
+#include "trace/crc32c.h"
 #include "trace/synth.h"
 
 #include "test_util.h"
@@ -162,9 +162,7 @@ TraceClockModel test_model() {
   return c;
 }
 
-TraceLoss test_loss() {
-  return {0, 12, TraceLossReason::kHostRingFull, 1000, 1'500'000'000, 4321};
-}
+TraceLoss test_loss() { return {0, 12, TraceLossReason::kHostRingFull, 1000, 1'500'000'000, 4321}; }
 
 // Writes kManyRecords records in batches of 1000, plus samples, models and a loss.
 void write_big(const std::string& path, bool compress, uint64_t n) {
@@ -321,7 +319,8 @@ TEST_CASE("trace: later metadata adds sources, and open refuses what is not a tr
     auto bad = TraceReader::open(junk);
     REQUIRE(!bad.is_ok());
     CHECK(bad.status().code() == Errc::kCorrupt);
-    CHECK_THAT(bad.status().message(), Catch::Contains("byte offset 0") && Catch::Contains("magic"));
+    CHECK_THAT(bad.status().message(),
+               Catch::Contains("byte offset 0") && Catch::Contains("magic"));
   }
   SECTION("missing file") {
     auto bad = TraceReader::open(dir.file("nope.pq"));
@@ -588,7 +587,8 @@ TEST_CASE("trace: any flipped bit is caught at its chunk", "[trace]") {
       REQUIRE(s.code() == Errc::kCorrupt);
       REQUIRE(r->error_offset() == l.chunk_starts[k]);
       REQUIRE(v.records == l.records_before[k]);
-      REQUIRE_THAT(s.message(), Catch::Contains("byte offset " + std::to_string(l.chunk_starts[k])));
+      REQUIRE_THAT(s.message(),
+                   Catch::Contains("byte offset " + std::to_string(l.chunk_starts[k])));
       REQUIRE(poke(off, bytes[off]));
     }
   }
@@ -663,8 +663,8 @@ TEST_CASE("trace: bytes per record and write cost, with and without zstd", "[.tr
       REQUIRE(n.is_ok());
       ns_per_record.push_back(std::chrono::duration<double, std::nano>(t1 - t0).count() /
                               static_cast<double>(n.value()));
-      bytes_per_record = static_cast<double>(std::filesystem::file_size(path)) /
-                         static_cast<double>(n.value());
+      bytes_per_record =
+          static_cast<double>(std::filesystem::file_size(path)) / static_cast<double>(n.value());
       auto r = TraceReader::open(path);
       REQUIRE(r.is_ok());
       LayoutVisitor v;
@@ -678,9 +678,10 @@ TEST_CASE("trace: bytes per record and write cost, with and without zstd", "[.tr
     std::sort(read_ns.begin(), read_ns.end());
     // Write time includes generating and sorting the synthetic records (the
     // same work in both modes): the difference is the cost of zstd.
-    std::printf("trace-bench: zstd_level=%d bytes_per_record=%.2f generate_and_write_ns_per_record="
-                "%.1f read_ns_per_record=%.1f (medians of 5)\n",
-                level, bytes_per_record, ns_per_record[2], read_ns[2]);
+    std::printf(
+        "trace-bench: zstd_level=%d bytes_per_record=%.2f generate_and_write_ns_per_record="
+        "%.1f read_ns_per_record=%.1f (medians of 5)\n",
+        level, bytes_per_record, ns_per_record[2], read_ns[2]);
   }
 }
 

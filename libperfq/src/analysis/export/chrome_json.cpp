@@ -12,11 +12,21 @@ std::string json_escape(std::string_view s) {
   o.reserve(s.size() + 2);
   for (unsigned char c : s) {
     switch (c) {
-      case '"': o += "\\\""; break;
-      case '\\': o += "\\\\"; break;
-      case '\n': o += "\\n"; break;
-      case '\r': o += "\\r"; break;
-      case '\t': o += "\\t"; break;
+      case '"':
+        o += "\\\"";
+        break;
+      case '\\':
+        o += "\\\\";
+        break;
+      case '\n':
+        o += "\\n";
+        break;
+      case '\r':
+        o += "\\r";
+        break;
+      case '\t':
+        o += "\\t";
+        break;
       default:
         if (c < 0x20 || c >= 0x7f) {
           o += fmt::format("\\u{:04x}", c < 0x20 ? c : '?');
@@ -46,10 +56,11 @@ class ChromeExport : public TraceVisitor {
     buf_.clear();
     for (const auto& s : m.sources) {
       if (!named_.insert(s.id).second) continue;
-      emit(fmt::format("{{\"name\":\"process_name\",\"cat\":\"__metadata\",\"ph\":\"M\",\"ts\":0,"
-                       "\"pid\":{},\"tid\":0,\"args\":{{\"name\":\"{}\"}}}}",
-                       names_.pid(s.id),
-                       json_escape(std::string(trace_source_kind_name(s.kind)) + " " + s.name)));
+      emit(
+          fmt::format("{{\"name\":\"process_name\",\"cat\":\"__metadata\",\"ph\":\"M\",\"ts\":0,"
+                      "\"pid\":{},\"tid\":0,\"args\":{{\"name\":\"{}\"}}}}",
+                      names_.pid(s.id),
+                      json_escape(std::string(trace_source_kind_name(s.kind)) + " " + s.name)));
     }
     return out_.write(buf_);
   }
@@ -71,9 +82,10 @@ class ChromeExport : public TraceVisitor {
     const uint32_t pid = names_.pid(r.source);
     const uint32_t tid = r.rec.stream;
     if (threads_.insert((uint32_t{r.source} << 16) | tid).second) {
-      emit(fmt::format("{{\"name\":\"thread_name\",\"cat\":\"__metadata\",\"ph\":\"M\",\"ts\":0,"
-                       "\"pid\":{},\"tid\":{},\"args\":{{\"name\":\"{} {}\"}}}}",
-                       pid, tid, names_.is_device(r.source) ? "queue" : "thread", tid));
+      emit(
+          fmt::format("{{\"name\":\"thread_name\",\"cat\":\"__metadata\",\"ph\":\"M\",\"ts\":0,"
+                      "\"pid\":{},\"tid\":{},\"args\":{{\"name\":\"{} {}\"}}}}",
+                      pid, tid, names_.is_device(r.source) ? "queue" : "thread", tid));
     }
     const auto& ev = names_.event(r.source, r.rec.event);
     const std::string name = json_escape(ev.name);
@@ -94,24 +106,26 @@ class ChromeExport : public TraceVisitor {
                          common, r.rec.arg));
         break;
       case PERFQ_KIND_LOST:
-        emit(fmt::format("{{\"name\":\"lost\",\"ph\":\"i\",\"s\":\"t\",{},\"args\":{{\"count\":{},"
-                         "\"index\":{}}}}}",
-                         common, r.rec.arg, r.rec.index));
+        emit(
+            fmt::format("{{\"name\":\"lost\",\"ph\":\"i\",\"s\":\"t\",{},\"args\":{{\"count\":{},"
+                        "\"index\":{}}}}}",
+                        common, r.rec.arg, r.rec.index));
         break;
       default:
         if (ev.role == kSubmit || ev.role == kComplete) {
           // A zero-length complete event: a slice the job flow can bind to.
           emit(fmt::format("{{\"name\":\"{}\",\"ph\":\"X\",\"dur\":0,{},{}}}", name, common, args));
         } else {
-          emit(fmt::format("{{\"name\":\"{}\",\"ph\":\"i\",\"s\":\"t\",{},{}}}", name, common, args));
+          emit(fmt::format("{{\"name\":\"{}\",\"ph\":\"i\",\"s\":\"t\",{},{}}}", name, common,
+                           args));
         }
         break;
     }
     if (ev.role != kNoRole) {
       static constexpr const char* kPh[] = {"s", "t", "t", "f"};
       // Ids as strings: JSON numbers above 2^53 lose bits in JavaScript viewers.
-      emit(fmt::format("{{\"name\":\"job\",\"ph\":\"{}\",\"id\":\"{:#x}\",{}{}}}", kPh[ev.role], r.rec.arg,
-                       common, ev.role == kSubmit ? "" : ",\"bp\":\"e\""));
+      emit(fmt::format("{{\"name\":\"job\",\"ph\":\"{}\",\"id\":\"{:#x}\",{}{}}}", kPh[ev.role],
+                       r.rec.arg, common, ev.role == kSubmit ? "" : ",\"bp\":\"e\""));
     }
   }
 

@@ -19,7 +19,8 @@ class CsvExport : public TraceVisitor {
  public:
   explicit CsvExport(OutFile& out) : out_(out) {}
   Status start() {
-    return out_.write("time_ns,source,stream,index,event,name,kind,raw_time,arg,claim_ns,converted_by\n");
+    return out_.write(
+        "time_ns,source,stream,index,event,name,kind,raw_time,arg,claim_ns,converted_by\n");
   }
   Status on_metadata(const TraceMetadata& m) override {
     names_.set_metadata(m);
@@ -33,7 +34,8 @@ class CsvExport : public TraceVisitor {
                      csv_field(names_.source_name(r.source)), r.rec.stream, r.rec.index,
                      r.rec.event, csv_field(names_.event(r.source, r.rec.event).name),
                      record_kind_name(r.kind()), r.rec.time, r.rec.arg);
-      if (r.claim_ns != kClaimUnbounded) fmt::format_to(std::back_inserter(line_), "{}", r.claim_ns);
+      if (r.claim_ns != kClaimUnbounded)
+        fmt::format_to(std::back_inserter(line_), "{}", r.claim_ns);
       fmt::format_to(std::back_inserter(line_), ",{}\n", trace_conversion_name(r.conv));
     }
     return out_.write(line_);

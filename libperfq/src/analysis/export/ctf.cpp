@@ -110,9 +110,10 @@ class CtfExport : public TraceVisitor {
     t += "typealias integer { size = 64; align = 8; signed = true; } := int64_t;\n\n";
     t += "trace {\n\tmajor = 1;\n\tminor = 8;\n\tbyte_order = le;\n"
          "\tpacket.header := struct {\n\t\tuint32_t magic;\n\t\tuint32_t stream_id;\n\t};\n};\n\n";
-    t += fmt::format("env {{\n\thostname = \"{}\";\n\tdomain = \"perfq\";\n\ttracer_name = "
-                     "\"perfq\";\n\tperfq_version = \"{}\";\n}};\n\n",
-                     tsdl_escape(m.host_name), tsdl_escape(m.perfq_version));
+    t += fmt::format(
+        "env {{\n\thostname = \"{}\";\n\tdomain = \"perfq\";\n\ttracer_name = "
+        "\"perfq\";\n\tperfq_version = \"{}\";\n}};\n\n",
+        tsdl_escape(m.host_name), tsdl_escape(m.perfq_version));
     t += "clock {\n\tname = monotonic;\n\tdescription = \"host CLOCK_MONOTONIC (device times "
          "converted by the sync model)\";\n\tfreq = 1000000000;\n\tprecision = 1;\n"
          "\toffset_s = 0;\n\toffset = 0;\n\tabsolute = false;\n};\n\n";
@@ -128,7 +129,8 @@ class CtfExport : public TraceVisitor {
       auto ev = static_cast<uint32_t>(key & 0xffffffff);
       t += fmt::format(
           "event {{\n\tname = \"{}\";\n\tid = {};\n\tstream_id = 0;\n\tfields := struct {{\n"
-          "\t\tuint16_t source_id;\n\t\tuint16_t perfq_stream;\n\t\tuint32_t event_id;\n\t\tuint64_t index;\n"
+          "\t\tuint16_t source_id;\n\t\tuint16_t perfq_stream;\n\t\tuint32_t "
+          "event_id;\n\t\tuint64_t index;\n"
           "\t\tuint8_t kind;\n\t\tuint64_t raw_time;\n\t\tuint64_t arg;\n\t\tint64_t time_ns;\n"
           "\t}};\n}};\n\n",
           tsdl_escape(names_.event(source, ev).name), classes_.at(key));

@@ -19,16 +19,20 @@ Result<TraceExportFormat> parse_export_format(std::string_view name) {
 
 const char* export_format_name(TraceExportFormat f) {
   switch (f) {
-    case TraceExportFormat::kPerfetto: return "perfetto";
-    case TraceExportFormat::kChromeJson: return "chrome-json";
-    case TraceExportFormat::kCtf: return "ctf";
-    case TraceExportFormat::kCsv: return "csv";
+    case TraceExportFormat::kPerfetto:
+      return "perfetto";
+    case TraceExportFormat::kChromeJson:
+      return "chrome-json";
+    case TraceExportFormat::kCtf:
+      return "ctf";
+    case TraceExportFormat::kCsv:
+      return "csv";
   }
   return "?";
 }
 
 Result<TraceExportSummary> export_trace(const std::string& in, TraceExportFormat format,
-                                   const std::string& out) {
+                                        const std::string& out) {
   using namespace export_detail;
   auto reader = TraceReader::open(in);
   if (!reader.is_ok()) return reader.status();
@@ -46,10 +50,18 @@ Result<TraceExportSummary> export_trace(const std::string& in, TraceExportFormat
     return r;
   };
   switch (format) {
-    case TraceExportFormat::kCsv: s = export_csv(file, out, run); break;
-    case TraceExportFormat::kChromeJson: s = export_chrome_json(file, out, run); break;
-    case TraceExportFormat::kPerfetto: s = export_perfetto(file, out, run); break;
-    case TraceExportFormat::kCtf: s = export_ctf(file, out, run); break;
+    case TraceExportFormat::kCsv:
+      s = export_csv(file, out, run);
+      break;
+    case TraceExportFormat::kChromeJson:
+      s = export_chrome_json(file, out, run);
+      break;
+    case TraceExportFormat::kPerfetto:
+      s = export_perfetto(file, out, run);
+      break;
+    case TraceExportFormat::kCtf:
+      s = export_ctf(file, out, run);
+      break;
   }
   if (!s.is_ok()) return s;
   if (s = file.close(); !s.is_ok()) return s;

@@ -12,8 +12,8 @@
 
 #include <fmt/format.h>
 
-#include "perfq/trace.h"
 #include "analysis/job_roles.h"
+#include "perfq/trace.h"
 
 namespace perfq::export_detail {
 

@@ -42,31 +42,31 @@ class Pb {
 
 // Field numbers (perfetto/protos/perfetto/trace/...).
 namespace pf {
-constexpr uint32_t kTracePacket = 1;          // Trace.packet
-constexpr uint32_t kTimestamp = 8;            // TracePacket
+constexpr uint32_t kTracePacket = 1;  // Trace.packet
+constexpr uint32_t kTimestamp = 8;    // TracePacket
 constexpr uint32_t kSeqId = 10;
 constexpr uint32_t kTrackEvent = 11;
 constexpr uint32_t kSeqFlags = 13;
 constexpr uint32_t kTrackDescriptor = 60;
-constexpr uint32_t kTdUuid = 1;               // TrackDescriptor
+constexpr uint32_t kTdUuid = 1;  // TrackDescriptor
 constexpr uint32_t kTdName = 2;
 constexpr uint32_t kTdProcess = 3;
 constexpr uint32_t kTdThread = 4;
 constexpr uint32_t kTdParent = 5;
 constexpr uint32_t kTdCounter = 8;
-constexpr uint32_t kPdPid = 1;                // ProcessDescriptor
+constexpr uint32_t kPdPid = 1;  // ProcessDescriptor
 constexpr uint32_t kPdName = 6;
-constexpr uint32_t kThPid = 1;                // ThreadDescriptor
+constexpr uint32_t kThPid = 1;  // ThreadDescriptor
 constexpr uint32_t kThTid = 2;
 constexpr uint32_t kThName = 5;
-constexpr uint32_t kTeDebug = 4;              // TrackEvent
+constexpr uint32_t kTeDebug = 4;  // TrackEvent
 constexpr uint32_t kTeType = 9;
 constexpr uint32_t kTeTrack = 11;
 constexpr uint32_t kTeName = 23;
 constexpr uint32_t kTeCounter = 30;
 constexpr uint32_t kTeFlow = 47;
 constexpr uint32_t kTeTermFlow = 48;
-constexpr uint32_t kDaUint = 3;               // DebugAnnotation
+constexpr uint32_t kDaUint = 3;  // DebugAnnotation
 constexpr uint32_t kDaName = 10;
 constexpr uint64_t kSliceBegin = 1, kSliceEnd = 2, kInstant = 3, kCounter = 4;
 constexpr uint32_t kSeqIdValue = 1;
@@ -139,7 +139,8 @@ class PerfettoExport : public TraceVisitor {
     td.u64(pf::kTdUuid, stream_uuid(s, st));
     if (names_.is_device(s) || names_.is_kernel(s)) {
       td.u64(pf::kTdParent, process_uuid(s));
-      td.bytes(pf::kTdName, names_.is_device(s) ? fmt::format("queue {}", st) : fmt::format("cpu {}", st));
+      td.bytes(pf::kTdName,
+               names_.is_device(s) ? fmt::format("queue {}", st) : fmt::format("cpu {}", st));
     } else {
       // Host threads: their kernel tid and name when the trace has them
       // (then kernel events of the thread land on its track); otherwise a
@@ -168,8 +169,12 @@ class PerfettoExport : public TraceVisitor {
     ensure_stream(s, st);
     Pb te;
     switch (r.kind()) {
-      case PERFQ_KIND_BEGIN: te.u64(pf::kTeType, pf::kSliceBegin); break;
-      case PERFQ_KIND_END: te.u64(pf::kTeType, pf::kSliceEnd); break;
+      case PERFQ_KIND_BEGIN:
+        te.u64(pf::kTeType, pf::kSliceBegin);
+        break;
+      case PERFQ_KIND_END:
+        te.u64(pf::kTeType, pf::kSliceEnd);
+        break;
       case PERFQ_KIND_COUNTER: {
         uint64_t cu = counter_uuid(s, st, r.rec.event);
         if (counters_.insert(cu).second) {
@@ -186,7 +191,9 @@ class PerfettoExport : public TraceVisitor {
         packet(te, pf::kTrackEvent, r.time_ns, true);
         return;
       }
-      default: te.u64(pf::kTeType, pf::kInstant); break;
+      default:
+        te.u64(pf::kTeType, pf::kInstant);
+        break;
     }
     te.u64(pf::kTeTrack, stream_uuid(s, st));
     if (r.kind() != PERFQ_KIND_END) {
