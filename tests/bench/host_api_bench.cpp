@@ -25,9 +25,6 @@
 
 #include <atomic>
 #include <cstdio>
-#include <fstream>
-#include <map>
-#include <nlohmann/json.hpp>
 #include <string>
 #include <thread>
 #include <vector>
@@ -35,6 +32,7 @@
 #include "app/host_apps.h"
 #include "app/host_clock.h"
 #include "bare_ring.h"
+#include "bench_main.h"
 #include "core/spsc_ring.h"
 #include "device/device_clock.h"
 #include "perfq/perfq.h"
@@ -212,84 +210,22 @@ void BM_host_clock(benchmark::State& state) {
 }
 BENCHMARK(BM_host_clock);
 
-class MedianCollector : public benchmark::ConsoleReporter {
- public:
-  void ReportRuns(const std::vector<Run>& runs) override {
-    ConsoleReporter::ReportRuns(runs);
-    for (const auto& r : runs) {
-      if (r.error_occurred || r.run_type != Run::RT_Aggregate || r.aggregate_name != "median")
-        continue;
-      auto it = r.counters.find("items_per_second");
-      if (it != r.counters.end()) items_per_s[r.run_name.function_name] = it->second.value;
-    }
-  }
-  std::map<std::string, double> items_per_s;
-};
-
-int run(int argc, char** argv) {
-  std::string out;
-  std::vector<char*> args;
-  bool has_reps = false;
-  for (int i = 0; i < argc; ++i) {
-    std::string a = argv[i];
-    if (a.rfind("--out=", 0) == 0) {
-      out = a.substr(6);
-      continue;
-    }
-    if (a.rfind("--benchmark_repetitions", 0) == 0) has_reps = true;
-    args.push_back(argv[i]);
-  }
-  std::string reps = "--benchmark_repetitions=5";
-  std::string aggr = "--benchmark_report_aggregates_only=true";
-  if (!has_reps) args.push_back(reps.data());
-  args.push_back(aggr.data());
-  int n = static_cast<int>(args.size());
-  benchmark::Initialize(&n, args.data());
-  if (benchmark::ReportUnrecognizedArguments(n, args.data())) return 1;
-  MedianCollector rep;
-  benchmark::RunSpecifiedBenchmarks(&rep);
-  benchmark::Shutdown();
-
-  auto& m = rep.items_per_s;
-  auto ns = [&](const char* k) { return m.count(k) ? 1e9 / m[k] : 0.0; };
-  struct Figure {
-    const char *name, *baseline_name;
-    double value, baseline;
-  };
-  const Figure figs[] = {
-      {"perfq_instant_ns", "bare_push_ns", ns("BM_perfq_instant"), ns("BM_bare_push")},
-      {"perfq_instant_nodaemon_ns", "bare_push_ns", ns("BM_perfq_instant_nodaemon"),
+std::vector<bench::Figure> figures(const bench::Medians& m) {
+  auto ns = [&](const char* k) { return bench::ns_per_item(m, k); };
+  const char* unit = "ns/record";
+  return {
+      {"perfq_instant_ns", unit, "bare_push_ns", ns("BM_perfq_instant"), ns("BM_bare_push")},
+      {"perfq_instant_nodaemon_ns", unit, "bare_push_ns", ns("BM_perfq_instant_nodaemon"),
        ns("BM_bare_push")},
-      {"clock_ns", "bare_push_ns", ns("BM_clock"), ns("BM_bare_push")},
-      {"host_clock_ns", "clock_ns", ns("BM_host_clock"), ns("BM_clock")},
-      {"bare_push_rdtsc_ns", "bare_push_ns", ns("BM_bare_push_rdtsc"), ns("BM_bare_push")},
+      {"clock_ns", unit, "bare_push_ns", ns("BM_clock"), ns("BM_bare_push")},
+      {"host_clock_ns", unit, "clock_ns", ns("BM_host_clock"), ns("BM_clock")},
+      {"bare_push_rdtsc_ns", unit, "bare_push_ns", ns("BM_bare_push_rdtsc"), ns("BM_bare_push")},
   };
-  nlohmann::json j = nlohmann::json::array();
-  std::printf("\n%-28s %10s %-10s %-14s %10s %8s\n", "figure (median)", "value", "unit", "baseline",
-              "baseline", "ratio");
-  for (const auto& f : figs) {
-    const double ratio = f.baseline > 0 ? f.value / f.baseline : 0;
-    std::printf("%-28s %10.2f %-10s %-14s %10.2f %8.2f\n", f.name, f.value, "ns/record",
-                f.baseline_name, f.baseline, ratio);
-    j.push_back({{"name", f.name},
-                 {"value", f.value},
-                 {"unit", "ns/record"},
-                 {"baseline", f.baseline},
-                 {"baseline_name", f.baseline_name},
-                 {"ratio", ratio}});
-  }
-  if (!out.empty()) {
-    std::ofstream o(out);
-    o << j.dump(2) << "\n";
-    if (!o) {
-      std::fprintf(stderr, "perfq_host_bench: cannot write %s\n", out.c_str());
-      return 1;
-    }
-  }
-  return 0;
 }
 
 }  // namespace
 }  // namespace perfq
 
-int main(int argc, char** argv) { return perfq::run(argc, argv); }
+int main(int argc, char** argv) {
+  return perfq::bench::run_and_report(argc, argv, "perfq_host_bench", perfq::figures);
+}

@@ -15,13 +15,11 @@
 
 #include <atomic>
 #include <cstring>
-#include <fstream>
-#include <map>
-#include <nlohmann/json.hpp>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "bench_main.h"
 #include "core/spsc_ring.h"
 
 namespace perfq {
@@ -140,86 +138,21 @@ void BM_ring_drain(benchmark::State& state) {
 }
 BENCHMARK(BM_ring_drain);
 
-// Keeps the median of every benchmark's items_per_second.
-class MedianCollector : public benchmark::ConsoleReporter {
- public:
-  void ReportRuns(const std::vector<Run>& runs) override {
-    ConsoleReporter::ReportRuns(runs);
-    for (const auto& r : runs) {
-      if (r.error_occurred || r.run_type != Run::RT_Aggregate || r.aggregate_name != "median")
-        continue;
-      auto it = r.counters.find("items_per_second");
-      if (it != r.counters.end()) items_per_s[r.run_name.function_name] = it->second.value;
-    }
-  }
-  std::map<std::string, double> items_per_s;
-};
-
-struct Figure {
-  std::string name, unit, baseline_name;
-  double value, baseline;
-};
-
-int run(int argc, char** argv) {
-  std::string out;
-  std::vector<char*> args;
-  bool has_reps = false;
-  for (int i = 0; i < argc; ++i) {
-    std::string a = argv[i];
-    if (a.rfind("--out=", 0) == 0) {
-      out = a.substr(6);
-      continue;
-    }
-    if (a.rfind("--benchmark_repetitions", 0) == 0) has_reps = true;
-    args.push_back(argv[i]);
-  }
-  std::string reps = "--benchmark_repetitions=5";
-  std::string aggr = "--benchmark_report_aggregates_only=true";
-  if (!has_reps) args.push_back(reps.data());
-  args.push_back(aggr.data());
-  int n = static_cast<int>(args.size());
-  benchmark::Initialize(&n, args.data());
-  if (benchmark::ReportUnrecognizedArguments(n, args.data())) return 1;
-  MedianCollector rep;
-  benchmark::RunSpecifiedBenchmarks(&rep);
-  benchmark::Shutdown();
-
-  auto& m = rep.items_per_s;
-  auto ns = [&](const char* k) { return m.count(k) ? 1e9 / m[k] : 0.0; };
-  std::vector<Figure> figs = {
+std::vector<bench::Figure> figures(const bench::Medians& m) {
+  auto ns = [&](const char* k) { return bench::ns_per_item(m, k); };
+  auto per_s = [&](const char* k) { return m.count(k) ? m.at(k) : 0.0; };
+  return {
       {"ring_push_ns", "ns/record", "bare_store_ns", ns("BM_ring_push"), ns("BM_bare_store")},
       {"ring_batch_push_ns", "ns/record", "bare_store_ns", ns("BM_ring_batch_push"),
        ns("BM_bare_store")},
-      {"ring_drain_records_per_s", "records/s", "bare_copy_records_per_s", m["BM_ring_drain"],
-       m["BM_bare_copy"]},
+      {"ring_drain_records_per_s", "records/s", "bare_copy_records_per_s", per_s("BM_ring_drain"),
+       per_s("BM_bare_copy")},
   };
-  nlohmann::json j = nlohmann::json::array();
-  std::printf("\n%-26s %14s %-10s %-24s %14s %8s\n", "figure (median)", "value", "unit", "baseline",
-              "baseline", "ratio");
-  for (const auto& f : figs) {
-    double ratio = f.baseline > 0 ? f.value / f.baseline : 0;
-    std::printf("%-26s %14.3f %-10s %-24s %14.3f %8.2f\n", f.name.c_str(), f.value, f.unit.c_str(),
-                f.baseline_name.c_str(), f.baseline, ratio);
-    j.push_back({{"name", f.name},
-                 {"value", f.value},
-                 {"unit", f.unit},
-                 {"baseline", f.baseline},
-                 {"baseline_name", f.baseline_name},
-                 {"ratio", ratio}});
-  }
-  if (!out.empty()) {
-    std::ofstream o(out);
-    o << j.dump(2) << "\n";
-    if (!o) {
-      std::fprintf(stderr, "perfq_bench: cannot write %s\n", out.c_str());
-      return 1;
-    }
-    std::printf("\nwrote %s\n", out.c_str());
-  }
-  return 0;
 }
 
 }  // namespace
 }  // namespace perfq
 
-int main(int argc, char** argv) { return perfq::run(argc, argv); }
+int main(int argc, char** argv) {
+  return perfq::bench::run_and_report(argc, argv, "perfq_bench", perfq::figures);
+}
