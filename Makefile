@@ -6,6 +6,8 @@
 #   make qemu-test  build, then run only the packages and the QEMU scenarios
 #   make qemu-shell boot the QEMU guest interactively (driver and tools inside)
 #   make demo     build and run the demonstration
+#   make device-example ARCH=riscv64|aarch64|native  the example device on the
+#                 SDK (build/device-example/ARCH/perfq-device-example)
 #   make bench    build and run the benchmarks (figures in build/bench/results.json)
 #   make accuracy build, then record devsim --truth 50 times (three scenarios, half
 #                 of them on loaded CPUs) and check every device time against
@@ -29,12 +31,12 @@ JOBS        ?= $(shell nproc)
 PREFIX      ?= /usr/local
 DESTDIR     ?=
 
-.PHONY: all build deps asan tsan test qemu-test qemu-shell demo bench accuracy clean help install uninstall install-dkms uninstall-dkms deb format
+.PHONY: all build deps device-example asan tsan test qemu-test qemu-shell demo bench accuracy clean help install uninstall install-dkms uninstall-dkms deb format
 
 all: build
 
 help:
-	@sed -n '2,22p' Makefile | sed 's/^# \{0,1\}//'
+	@sed -n '2,/^$$/p' Makefile | sed -e '/^$$/d' -e 's/^# \{0,1\}//'
 
 deps:
 	@scripts/deps.sh
@@ -85,6 +87,11 @@ qemu-shell: build
 
 demo: build
 	@scripts/demo.sh $(BUILD)
+
+ARCH ?= native
+device-example: deps
+	cmake -S . -B $(BUILD) -G $(GENERATOR) -DCMAKE_BUILD_TYPE=RelWithDebInfo $(CMAKE_ARGS) >/dev/null
+	cmake --build $(BUILD) --target device-example-$(ARCH)
 
 bench: build
 	@scripts/bench.py --build $(BUILD) --out $(BUILD)/bench/results.json

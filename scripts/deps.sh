@@ -61,6 +61,14 @@ PACKAGES=(
   dh-dkms
   lintian
   dkms
+  # The device SDK on other instruction sets: the example device built with
+  # Debian's cross compilers and run under qemu-user, and bare-metal
+  # toolchains for the freestanding check (make test).
+  gcc-riscv64-linux-gnu
+  gcc-aarch64-linux-gnu
+  qemu-user-static
+  gcc-riscv64-unknown-elf
+  gcc-arm-none-eabi
 )
 
 missing=()

@@ -11,7 +11,7 @@ ROOT=$(cd "$(dirname "$0")/.." && pwd)
 cd "$ROOT"
 CLANG_FORMAT=${CLANG_FORMAT:-$(command -v clang-format-14 || command -v clang-format || true)}
 [ -n "$CLANG_FORMAT" ] || { echo "format.sh: clang-format is not installed (apt-get install clang-format)" >&2; exit 1; }
-KERNEL_STYLE='^(driver/|qemu/guest/perfq-guest\.c$|daemon/bpf/|libperfq/include/perfq/perfq_(abi|ioctl|region_check)\.h$|libperfq/include/perfq/perfq\.h$|tests/tools/perfq_test_app\.c$|tests/libperfq/core/abi_c11\.c$)'
+KERNEL_STYLE='^(driver/|qemu/guest/perfq-guest\.c$|daemon/bpf/|libperfq/include/perfq/perfq_(abi|ioctl|region_check|device)\.h$|libperfq/include/perfq/perfq_device\.c$|tools/device-example/.*\.c$|tests/libperfq/device/.*\.c$|libperfq/include/perfq/perfq\.h$|tests/tools/perfq_test_app\.c$|tests/libperfq/core/abi_c11\.c$)'
 mapfile -t files < <(git ls-files '*.c' '*.h' '*.cpp' '*.hpp' | grep -Ev "$KERNEL_STYLE")
 if [ "${1:-}" = --check ]; then
   bad=()

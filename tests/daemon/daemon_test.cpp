@@ -354,7 +354,12 @@ TEST_CASE("daemon: devsim, daemon and a multi-threaded demo app make one ordered
   REQUIRE(rep.wait(std::chrono::seconds(60)));
   REQUIRE(rep.exit_code() == 0);
   const json rj = json::parse(rep.out());
-  CHECK(rj["causality_violations"] == violations);
+  // Out of order beyond the claims: none (the claims hold); within them:
+  // the rest.
+  CHECK(rj["causality_violations"] == 0);
+  CHECK(rj["causality_violations"].get<uint64_t>() +
+            rj["causality_within_bounds"].get<uint64_t>() ==
+        violations);
 }
 
 TEST_CASE("daemon: records a device dropped are counted once, as the device counted them",

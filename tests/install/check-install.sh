@@ -70,8 +70,14 @@ check "libperfq.so -> $so has SONAME $soname (libperfq.so.$major)" test "$soname
 # The installed headers are the public ones only (libperfq/CMakeLists.txt's
 # PERFQ_PUBLIC_HEADERS): what an application, a device or a trace reader uses.
 headers=$(cd "$root/include/perfq" && ls | sort | tr '\n' ' ')
-want="event_info.h export.h pci.h perfq.h perfq.hpp perfq_abi.h perfq_ioctl.h report.h status.h trace.h "
+want="event_info.h export.h pci.h perfq.h perfq.hpp perfq_abi.h perfq_device.h perfq_ioctl.h perfq_region_check.h report.h status.h trace.h "
 check "installed headers are the public ones ($headers)" test "$headers" = "$want"
+
+# The device SDK as a firmware project takes it: the installed header and
+# source, compiled freestanding with nothing else.
+check "the installed device SDK compiles freestanding (share/perfq/perfq_device.c)" \
+  cc -std=c11 -ffreestanding -Wall -Wextra -Werror -I"$root/include/perfq" -c \
+  "$root/share/perfq/perfq_device.c" -o "$work/perfq_device.o"
 
 # A program of another project: records an event with no daemon running
 # (recording is then a counted no-op) and reports the library's count.

@@ -1,5 +1,7 @@
 #include "jobq.h"
 
+#include "perfq/perfq_device.h"
+
 #include <fmt/format.h>
 #include <signal.h>
 
@@ -43,44 +45,14 @@ bool HostJobChannel::poll_completion(perfq_job_completion* out) noexcept {
 }
 
 Result<JobQueue> JobQueue::format(std::span<uint8_t> app, uint32_t max_channels) {
-  if (app.size() < 2 * PERFQ_PAGE_SIZE || max_channels == 0)
+  // The device's side of the job queue is the SDK's (perfq_device.h).
+  perfq_dev_jobq q;
+  if (perfq_dev_jobq_format(&q, app.data(), app.size(), max_channels) != PERFQ_DEV_OK)
     return Status(Errc::kInvalidArgument,
-                  fmt::format("job queue: application area of {} bytes is too small", app.size()));
-  const uint64_t offset = PERFQ_CACHELINE;  // after the header
-  // Largest power-of-two capacity with rings for max_channels (at least 16
-  // elements); fewer channels if even that does not fit.
-  uint32_t channels = max_channels;
-  uint64_t cap = 0;
-  for (; channels > 0 && cap == 0; --channels) {
-    const uint64_t per = (app.size() - offset) / channels;
-    for (uint64_t c = 1u << 16; c >= 16; c >>= 1) {
-      if (sizeof(perfq_jobq_channel) + 2 * (sizeof(perfq_spsc_header) + c * 32) <= per) {
-        cap = c;
-        break;
-      }
-    }
-    if (cap) break;
-  }
-  if (cap == 0)
-    return Status(Errc::kInvalidArgument, "job queue: application area too small for a channel");
-  const uint64_t stride =
-      (sizeof(perfq_jobq_channel) + 2 * (sizeof(perfq_spsc_header) + cap * 32) + 63) / 64 * 64;
-  std::memset(app.data(), 0, app.size());
-  auto* h = reinterpret_cast<perfq_jobq_header*>(app.data());
-  h->version = PERFQ_ABI_VERSION;
-  h->channels = channels;
-  h->ring_capacity = cap;
-  h->channel_offset = offset;
-  h->channel_stride = stride;
-  JobQueue q(app.data(), channels, cap, offset, stride);
-  for (uint32_t i = 0; i < channels; ++i) {
-    if (!SpscRingMemory<perfq_job>::init(q.submit_ring(i), q.ring_bytes(), cap) ||
-        !SpscRingMemory<perfq_job_completion>::init(q.complete_ring(i), q.ring_bytes(), cap))
-      return Status(Errc::kInvalidArgument, "job queue: ring layout failed");
-  }
-  // Pairs with the load_acquire of the magic in attach().
-  store_release(&h->magic, PERFQ_JOBQ_MAGIC);
-  return q;
+                  fmt::format("job queue: application area of {} bytes is too small for {} "
+                              "channel(s) of 16 jobs",
+                              app.size(), max_channels));
+  return JobQueue(app.data(), q.channels, q.capacity, q.offset, q.stride);
 }
 
 Result<JobQueue> JobQueue::attach(std::span<uint8_t> app) {
@@ -145,13 +117,8 @@ Result<HostJobChannel> JobQueue::claim(uint64_t token) const {
       fmt::format("job queue: all {} channels are claimed by running processes", channels_));
 }
 
-DeviceJobChannel JobQueue::device_channel(uint32_t i) const {
-  return DeviceJobChannel{
-      SpscConsumer<perfq_job>(reinterpret_cast<perfq_job*>(submit_ring(i) + 1), capacity_,
-                              {&submit_ring(i)->tail, &submit_ring(i)->head, nullptr}),
-      SpscProducer<perfq_job_completion>(
-          reinterpret_cast<perfq_job_completion*>(complete_ring(i) + 1), capacity_,
-          {&complete_ring(i)->tail, nullptr, &complete_ring(i)->head})};
+perfq_dev_jobq JobQueue::device() const {
+  return perfq_dev_jobq{base_, channels_, capacity_, offset_, stride_};
 }
 
 }  // namespace perfq

@@ -10,6 +10,7 @@
 #include "core/ring.h"
 #include "core/spsc_ring.h"
 #include "perfq/perfq_abi.h"
+#include "perfq/perfq_device.h"
 #include "perfq/status.h"
 
 namespace perfq {
@@ -46,12 +47,6 @@ class HostJobChannel {
   SpscConsumer<perfq_job_completion> complete_;
 };
 
-// A device job worker's end of one channel.
-struct DeviceJobChannel {
-  SpscConsumer<perfq_job> submit;
-  SpscProducer<perfq_job_completion> complete;
-};
-
 class JobQueue {
  public:
   // Device: lay out the queue in the application area, as many channels
@@ -66,8 +61,9 @@ class JobQueue {
   // Host: claim a free channel (or one whose owner process has died).
   // token identifies the owner: the claiming process id.
   Result<HostJobChannel> claim(uint64_t token) const;
-  // Device: the worker end of channel i.
-  DeviceJobChannel device_channel(uint32_t i) const;
+  // Device: the SDK's view, for its job workers (perfq_dev_jobq_take(),
+  // perfq_dev_jobq_complete()).
+  perfq_dev_jobq device() const;
 
  private:
   JobQueue(uint8_t* base, uint32_t channels, uint64_t capacity, uint64_t offset, uint64_t stride)

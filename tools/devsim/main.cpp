@@ -108,15 +108,15 @@ void synthetic_worker(DeviceQueue& s, const SimClock& clock, double rate, bool t
 // and posts completions; job_start/job_end carry the correlation id.
 void job_worker(DeviceQueue& s, const SimClock& clock, const JobQueue& q, unsigned index,
                 unsigned count, const std::atomic<bool>& stop, std::atomic<uint64_t>& done) {
-  std::vector<DeviceJobChannel> mine;
-  for (uint32_t c = index; c < q.channels(); c += count) mine.push_back(q.device_channel(c));
+  const perfq_dev_jobq jq = q.device();
   Backoff idle(std::chrono::microseconds(100));
   while (!stop.load(std::memory_order_relaxed)) {
     bool worked = false;
-    for (auto& ch : mine) {
-      if (ch.complete.free_slots() == 0) continue;  // host not reaping: leave the job queued
+    for (uint32_t ch = index; ch < jq.channels; ch += count) {
+      // Host not reaping: leave the job queued.
+      if (!perfq_dev_jobq_can_complete(&jq, ch)) continue;
       perfq_job job;
-      if (!ch.submit.try_pop(&job)) continue;
+      if (!perfq_dev_jobq_take(&jq, ch, &job)) continue;
       const uint64_t duration = std::min<uint64_t>(job.duration_ns, 1'000'000'000);
       const uint64_t t0 = monotonic_ns();
       const uint64_t d0 = clock.device_time_at(t0);
@@ -126,7 +126,7 @@ void job_worker(DeviceQueue& s, const SimClock& clock, const JobQueue& q, unsign
       const uint64_t d1 = clock.now();
       (void)s.record_at(kEvJobEnd, PERFQ_KIND_END, d1, job.corr_id);
       const perfq_job_completion c{job.corr_id, d0, d1, 0, 0};
-      (void)ch.complete.try_push(c);  // room was checked above
+      (void)perfq_dev_jobq_complete(&jq, ch, &c);  // room was checked above
       done.fetch_add(1, std::memory_order_relaxed);
       worked = true;
     }

@@ -203,7 +203,12 @@ struct TraceReport {
   std::vector<ReportEvent> events;
   std::vector<ReportPair> pairs;
   ReportJobs jobs;
-  uint64_t causality_violations = 0;  // complete jobs not submit <= start <= end <= complete
+  // Complete jobs not submit <= start <= end <= complete by more than the
+  // times' claims (the sync bounds) allow: a proven violation.
+  uint64_t causality_violations = 0;
+  // Out of that order, but within the claims (or with a time that has no
+  // claim): what the clocks' uncertainty allows, not proof of a bug.
+  uint64_t causality_within_bounds = 0;
 };
 
 // Analyses the trace at `path`.  Fails only when the file cannot be opened

@@ -59,6 +59,9 @@ struct StreamState {
 
 struct Job {
   int64_t t[4] = {};
+  // What each time vouches for: 0 for a host time (the clock itself),
+  // the conversion's claim for a device time, kClaimUnbounded for none.
+  uint32_t claim[4] = {};
   uint8_t mask = 0;
   uint32_t tid = 0;           // the submitting thread, 0 if unknown
   int64_t off_at_submit = 0;  // its off-CPU total at the submit
@@ -356,7 +359,9 @@ class Analyzer : public TraceVisitor {
         break;
     }
     if (sched_) sched_event(in, t);
-    if (role != kNoRole) job(role, rec.arg, t, in.source, rec.stream);
+    if (role != kNoRole)
+      job(role, rec.arg, t, in.conv == TraceConversion::kNone ? 0 : in.claim_ns, in.source,
+          rec.stream);
   }
 
   // A device record's claim, in its device's totals and in the segment its
@@ -464,9 +469,28 @@ class Analyzer : public TraceVisitor {
     if (in.source != PERFQ_KERNEL_SOURCE) ++r_.jobs.off_cpu.records_while_off;
   }
 
-  void job(JobRole role, uint64_t id, int64_t t, uint16_t source, uint16_t stream) {
+  // Whether a complete job's times are out of order, and whether that is
+  // proven: reversed by more than the two times' claims add up to (a
+  // reversal within them is what the clocks' uncertainty allows; with no
+  // claim nothing is proven).
+  void check_order(const Job& j) {
+    bool reversed = false, proven = false;
+    for (int i = 0; i < 3; ++i) {
+      if (j.t[i] <= j.t[i + 1]) continue;
+      reversed = true;
+      if (j.claim[i] == kClaimUnbounded || j.claim[i + 1] == kClaimUnbounded) continue;
+      proven |= j.t[i] - j.t[i + 1] > int64_t{j.claim[i]} + int64_t{j.claim[i + 1]};
+    }
+    if (proven)
+      ++r_.causality_violations;
+    else if (reversed)
+      ++r_.causality_within_bounds;
+  }
+
+  void job(JobRole role, uint64_t id, int64_t t, uint32_t claim, uint16_t source, uint16_t stream) {
     Job& j = jobs_[id];
     j.t[role] = t;
+    j.claim[role] = claim;
     j.mask |= static_cast<uint8_t>(1u << role);
     if (role == 0 && sched_) {
       auto it = tid_of_.find(stream_key(source, stream));
@@ -499,7 +523,7 @@ class Analyzer : public TraceVisitor {
     lat_[0].add(j.t[1] - j.t[0]);
     lat_[1].add(j.t[2] - j.t[1]);
     lat_[2].add(j.t[3] - j.t[2]);
-    if (!(j.t[0] <= j.t[1] && j.t[1] <= j.t[2] && j.t[2] <= j.t[3])) ++r_.causality_violations;
+    check_order(j);
     jobs_.erase(id);
   }
 

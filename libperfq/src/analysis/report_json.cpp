@@ -211,6 +211,7 @@ std::string report_to_json(const TraceReport& r) {
   j["jobs"] = jobs_json(r.jobs);
   if (r.jobs.off_cpu.available) j["off_cpu"] = off_cpu_json(r.jobs.off_cpu);
   j["causality_violations"] = r.causality_violations;
+  j["causality_within_bounds"] = r.causality_within_bounds;
   return j.dump(2, ' ', false, ordered_json::error_handler_t::replace) + "\n";
 }
 

@@ -170,7 +170,11 @@ std::string report_to_text(const TraceReport& r) {
   }
   if (r.unmatched_ends) line(fmt::format("  {} end records had no open begin", r.unmatched_ends));
   jobs_text(r, line);
-  line(fmt::format("causality violations  {}", r.causality_violations));
+  line(fmt::format("causality violations  {}{}", r.causality_violations,
+                   r.causality_within_bounds
+                       ? fmt::format(" ({} more out of order within their sync bounds)",
+                                     r.causality_within_bounds)
+                       : std::string()));
   return o;
 }
 

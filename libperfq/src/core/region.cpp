@@ -1,4 +1,5 @@
 #include "core/region.h"
+#include "perfq/perfq_device.h"
 #include "perfq/perfq_region_check.h"
 
 #include <fcntl.h>
@@ -15,6 +16,19 @@ namespace {
 constexpr uint64_t kPage = PERFQ_PAGE_SIZE;
 
 constexpr uint64_t round_up_page(uint64_t v) { return (v + kPage - 1) / kPage * kPage; }
+
+perfq_dev_geometry sdk_geometry(const RegionGeometry& g) {
+  perfq_dev_geometry s{};
+  s.ring_capacity = g.ring_capacity;
+  s.dict_capacity = g.dict_capacity;
+  s.app_size = g.app_size;
+  s.device_clock_hz = g.device_clock_hz;
+  s.timer_hz = g.timer_hz;
+  s.features = g.features;
+  s.device_name = g.device_name.c_str();
+  s.min_region_size = g.min_region_size;
+  return s;
+}
 
 Status corrupt(std::string msg) { return Status(Errc::kCorrupt, "region header: " + msg); }
 
@@ -42,27 +56,11 @@ Result<perfq_region_header> layout_region(const RegionGeometry& g) {
     return Status(Errc::kInvalidArgument,
                   fmt::format("unknown feature bits {:#x}", g.features & ~PERFQ_FEAT_ALL));
 
+  // The layout itself is the device SDK's (one place for it).
+  const perfq_dev_geometry sdk = sdk_geometry(g);
   perfq_region_header h;
-  std::memset(&h, 0, sizeof(h));
-  h.magic = PERFQ_REGION_MAGIC;
-  h.abi_version = PERFQ_ABI_VERSION;
-  h.header_size = sizeof(perfq_region_header);
-  h.features = g.features;
-  h.ring_capacity = g.ring_capacity;
-  h.record_size = PERFQ_RECORD_SIZE;
-  h.dict_capacity = g.dict_capacity;
-  h.device_clock_hz = g.device_clock_hz;
-  h.timer_hz = g.timer_hz;
-  std::memcpy(h.device_name, g.device_name.data(), g.device_name.size());
-
-  uint64_t off = 0;
-  for (int id = 0; id < PERFQ_SECTION_COUNT; ++id) {
-    uint64_t size = id == PERFQ_SECTION_APP ? g.app_size : perfq_min_section_size(&h, id);
-    size = round_up_page(std::max<uint64_t>(size, id == PERFQ_SECTION_APP ? 0 : 1));
-    h.sections[id] = perfq_section{off, size};
-    off += size;
-  }
-  h.region_size = std::max(off, round_up_page(g.min_region_size));
+  if (perfq_dev_layout(&sdk, &h) != PERFQ_DEV_OK)
+    return Status(Errc::kInvalidArgument, "region geometry refused by the device SDK");
   return h;
 }
 
@@ -145,17 +143,10 @@ Status Region::write_layout(uint8_t* base, uint64_t len, const RegionGeometry& g
     return Status(
         Errc::kInvalidArgument,
         fmt::format("the region needs {} bytes, only {} are available", h->region_size, len));
-  std::memset(base, 0, h->region_size);
-  auto* hdr = reinterpret_cast<perfq_region_header*>(base);
-  perfq_region_header copy = *h;
-  copy.magic = 0;
-  std::memcpy(hdr, &copy, sizeof(copy));
-  auto* dict = reinterpret_cast<perfq_dict_header*>(base + h->sections[PERFQ_SECTION_DICT].offset);
-  dict->entry_size = sizeof(perfq_dict_entry);
-  // Pairs with the load_acquire of the magic when a reader opens the region:
-  // every field above is visible to whoever sees the magic.
-  store_release(&hdr->magic, PERFQ_REGION_MAGIC);
-  *out = *h;
+  const perfq_dev_geometry sdk = sdk_geometry(g);
+  if (perfq_dev_region_init(base, len, &sdk, out) != PERFQ_DEV_OK)
+    return Status(Errc::kInvalidArgument, "region layout refused by the device SDK");
+  perfq_dev_region_publish(base);
   return validate_region_header(*out, len);
 }
 

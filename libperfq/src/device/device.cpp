@@ -6,27 +6,53 @@
 
 #include <algorithm>
 #include <cstring>
+#include <stdexcept>
 #include <thread>
 
 namespace perfq {
 
 DeviceQueue::DeviceQueue(uint16_t stream, uint64_t queue_capacity, const DeviceClock& clock)
-    : stream_(stream),
-      clock_(clock),
-      ring_(queue_capacity),
-      producer_(ring_.producer()),
-      consumer_(ring_.consumer()) {}
+    : clock_(clock) {
+  if (!is_pow2(queue_capacity) || queue_capacity < 2)
+    throw std::invalid_argument("device queue capacity " + std::to_string(queue_capacity) +
+                                " is not a power of two >= 2");
+  const size_t bytes = queue_capacity * sizeof(perfq_record);
+  slots_.reset(static_cast<perfq_record*>(std::aligned_alloc(PERFQ_CACHELINE, bytes)));
+  if (!slots_) throw std::bad_alloc();
+  std::memset(slots_.get(), 0, bytes);
+  (void)perfq_dev_queue_init(&q_, stream, slots_.get(), queue_capacity);
+}
 
 DeviceCollector::DeviceCollector(const Region& region, std::vector<DeviceQueue*> streams,
                                  const DeviceClock& clock, CollectorOptions opts)
     : region_(region),
       streams_(std::move(streams)),
-      clock_(clock),
       opts_(opts),
-      producer_(region.device_producer()),
+      port_(device_port(clock)),
       delivery_(streams_.size()),
-      mode_b_(ClockRates{region.header().device_clock_hz, region.header().timer_hz}),
-      device_now_((region.header().features & PERFQ_FEAT_DEVICE_NOW) != 0) {}
+      mode_b_(ClockRates{region.header().device_clock_hz, region.header().timer_hz}) {
+  for (DeviceQueue* s : streams_) queues_.push_back(s->sdk());
+  (void)perfq_dev_collector_init(&c_, region_.base(), &region_.header(), queues_.data(),
+                                 delivery_.data(), static_cast<uint32_t>(queues_.size()), &port_);
+  c_.batch = static_cast<uint32_t>(std::clamp<size_t>(opts_.batch, 1, UINT32_MAX));
+  if (opts_.mode_b) {
+    perfq_dev_converter conv{};
+    conv.ctx = this;
+    conv.poll = [](void* ctx) {
+      auto* self = static_cast<DeviceCollector*>(ctx);
+      const uint64_t now = monotonic_ns();
+      if (now < self->next_mailbox_poll_) return;
+      self->poll_mailbox();
+      self->next_mailbox_poll_ =
+          now + static_cast<uint64_t>(self->opts_.mailbox_poll.count()) * 1'000'000ull;
+    };
+    conv.convert = [](void* ctx, perfq_record* r) {
+      auto* self = static_cast<DeviceCollector*>(ctx);
+      return self->converting_ && self->mode_b_.convert_record(r);
+    };
+    perfq_dev_collector_set_converter(&c_, &conv);
+  }
+}
 
 void DeviceCollector::poll_mailbox() {
   const perfq_sync_page* page = region_.sync();
@@ -47,67 +73,26 @@ void DeviceCollector::poll_mailbox() {
   converting_ = mode_b_.ready();
 }
 
-size_t DeviceCollector::pass() {
-  if (opts_.mode_b) {
-    const uint64_t now = monotonic_ns();
-    if (now >= next_mailbox_poll_) {
-      poll_mailbox();
-      next_mailbox_poll_ = now + static_cast<uint64_t>(opts_.mailbox_poll.count()) * 1'000'000ull;
-    }
+RingFault DeviceCollector::fault() const {
+  RingFault f;
+  switch (perfq_dev_collector_fault(&c_)) {
+    case PERFQ_DEV_FAULT_NONE:
+      return f;
+    case PERFQ_DEV_FAULT_HEAD_AHEAD:
+      f.kind = RingFault::Kind::kHeadAheadOfTail;
+      break;
+    case PERFQ_DEV_FAULT_HEAD_BACKWARDS:
+      f.kind = RingFault::Kind::kHeadMovedBackwards;
+      break;
+    case PERFQ_DEV_FAULT_HEAD_TOO_FAR:
+      f.kind = RingFault::Kind::kHeadTooFarBehind;
+      break;
   }
-  size_t moved = 0;
-  for (size_t i = 0; i < streams_.size(); ++i) {
-    DeviceQueue& s = *streams_[i];
-    StreamDelivery& d = delivery_[i];
-    size_t room = producer_.free_slots();
-    if (room == 0) break;  // keep the oldest data: stop reading the queues
-
-    // Report the drops since the last report before anything newer.
-    const uint64_t dropped = s.dropped();
-    if (dropped > d.lost_reported) {
-      // Stamped with the time of the newest drop it reports, not of its
-      // sending: drops from before a recording started (a full ring nobody
-      // read) are the host's to tell from those of the recording.
-      perfq_record lost{s.emitted(),
-                        PERFQ_EVENT_LOST,
-                        s.id(),
-                        PERFQ_FLAGS(PERFQ_KIND_LOST, PERFQ_CLOCK_DEVICE),
-                        s.last_drop_time(),
-                        dropped - d.lost_reported};
-      if (converting_) (void)mode_b_.convert_record(&lost);
-      if (!producer_.try_push(lost)) break;
-      d.lost_reported = dropped;
-      ++moved;
-      if (--room == 0) break;
-    }
-
-    auto src = s.consumer_.peek(std::min(room, opts_.batch));
-    if (src.empty()) continue;
-    auto dst = producer_.reserve(src.size());
-    const size_t n = dst.size();  // == src.size(): room was checked
-    for (size_t k = 0; k < n; ++k) dst[k] = src[k];
-    if (converting_)
-      for (size_t k = 0; k < n; ++k) (void)mode_b_.convert_record(&dst[k]);
-    // D after every record it publishes was stamped: posted before the tail
-    // (whose release store orders it for the host's acquire of the tail).
-    if (device_now_) store_relaxed(&region_.host_ctrl()->device_now, clock_.now());
-    producer_.commit(n);
-    s.consumer_.release(n);
-    d.delivered += n;
-    moved += n;
-  }
-  // Posted write: tells the host the collector is alive.
-  store_relaxed(&region_.host_ctrl()->heartbeat, ++heartbeat_);
-  return moved;
-}
-
-bool DeviceCollector::drained() const {
-  for (size_t i = 0; i < streams_.size(); ++i) {
-    DeviceQueue& s = *streams_[i];
-    if (s.dropped() > delivery_[i].lost_reported) return false;
-    if (s.consumer_.size_estimate() != 0) return false;
-  }
-  return true;
+  f.seen = c_.fault_seen;
+  f.own = c_.fault_tail;
+  f.previous = c_.fault_prev;
+  f.capacity = region_.ring_capacity();
+  return f;
 }
 
 void DeviceCollector::run(const std::atomic<bool>& stop) {
@@ -117,48 +102,41 @@ void DeviceCollector::run(const std::atomic<bool>& stop) {
       idle.reset();
     else
       idle.wait();
-    if (producer_.fault()) break;  // the host wrote a head that makes no sense
+    if (perfq_dev_collector_fault(&c_)) break;  // the host wrote a head that makes no sense
   }
   // Deliver what is still queued, as long as the host makes room.
   const auto deadline = std::chrono::steady_clock::now() + opts_.shutdown_timeout;
   idle.reset();
-  while (!producer_.fault() && !drained() && std::chrono::steady_clock::now() < deadline) {
+  while (!perfq_dev_collector_fault(&c_) && !perfq_dev_collector_drained(&c_) &&
+         std::chrono::steady_clock::now() < deadline) {
     if (pass() > 0)
       idle.reset();
     else
       idle.wait();
   }
-  // What could not be delivered is dropped; say so in the accounting.
-  for (size_t i = 0; i < streams_.size(); ++i) {
-    DeviceQueue& s = *streams_[i];
-    delivery_[i].undelivered = s.consumer_.size_estimate();
-  }
-  set_device_state(region_, PERFQ_DEVICE_STOPPED);
+  // What could not be delivered is dropped: the accounting says so.
+  perfq_dev_collector_finish(&c_, region_.base(), &region_.header());
 }
 
 Status publish_dictionary(const Region& region, const std::vector<EventInfo>& events) {
-  perfq_dict_header* dict = region.dict();
   const uint32_t cap = region.header().dict_capacity;
   if (events.size() > cap)
     return Status(Errc::kInvalidArgument, "dictionary of " + std::to_string(events.size()) +
                                               " events exceeds the region's capacity of " +
                                               std::to_string(cap));
-  auto* entries = reinterpret_cast<perfq_dict_entry*>(dict + 1);
-  for (size_t i = 0; i < events.size(); ++i) {
-    const EventInfo& e = events[i];
+  std::vector<perfq_dev_event> sdk;
+  sdk.reserve(events.size());
+  for (const EventInfo& e : events) {
     if (e.name.empty() || e.name.size() >= PERFQ_EVENT_NAME_LEN)
       return Status(Errc::kInvalidArgument, "event name '" + e.name + "' must be 1.." +
                                                 std::to_string(PERFQ_EVENT_NAME_LEN - 1) +
                                                 " characters");
-    perfq_dict_entry entry{};
-    entry.event = e.event;
-    entry.kind = e.kind;
-    std::memcpy(entry.name, e.name.data(), e.name.size());
-    entries[i] = entry;
+    sdk.push_back({e.event, e.kind, e.name.c_str()});
   }
-  dict->entry_size = sizeof(perfq_dict_entry);
-  // Pairs with the acquire load of count in read_dictionary().
-  __atomic_store_n(&dict->count, static_cast<uint32_t>(events.size()), __ATOMIC_RELEASE);
+  if (perfq_dev_dictionary_write(region.base(), &region.header(), sdk.data(),
+                                 static_cast<uint32_t>(sdk.size())) != PERFQ_DEV_OK)
+    return Status(Errc::kInvalidArgument,
+                  "event dictionary: a name is not printable ASCII or a kind is not valid");
   return Status::ok();
 }
 
@@ -192,8 +170,7 @@ Result<std::vector<EventInfo>> read_dictionary(const Region& region) {
 }
 
 void set_device_state(const Region& region, perfq_device_state state) noexcept {
-  __atomic_store_n(&region.host_ctrl()->device_state, static_cast<uint32_t>(state),
-                   __ATOMIC_RELEASE);
+  perfq_dev_set_state(region.base(), &region.header(), state);
 }
 
 perfq_device_state device_state(const Region& region) noexcept {

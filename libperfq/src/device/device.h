@@ -12,27 +12,31 @@
 // kind LOST per stream with the number of records dropped since the last
 // report.  emitted = delivered + dropped, exactly.
 //
-// Plain C++ with no host-only dependency: device firmware can link it.
+// The device side itself is the SDK (perfq/perfq_device.h, C for firmware);
+// these classes drive it with host threads for perfq-devsim and the tests.
 #pragma once
 
 #include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <cstdlib>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "core/region.h"
-#include "core/spsc_ring.h"
 #include "device/device_clock.h"
 #include "perfq/event_info.h"
 #include "perfq/perfq_abi.h"
+#include "perfq/perfq_device.h"
 #include "sync/sync.h"
 
 namespace perfq {
 
-// The device queue of one device worker.  record()/record_at() are called by that
-// worker thread only; the collector is the queue's only consumer.
+// The device queue of one device worker: the SDK's perfq_dev_queue (see
+// perfq/perfq_device.h) over heap slots.  record()/record_at() are called by
+// that worker thread only; the collector is the queue's only consumer.
 class DeviceQueue {
  public:
   DeviceQueue(uint16_t stream, uint64_t queue_capacity, const DeviceClock& clock);
@@ -41,49 +45,31 @@ class DeviceQueue {
 
   // Stamp with the device clock D and queue; false if the queue was full.
   bool record(uint32_t event, perfq_kind kind, uint64_t arg) noexcept {
-    return record_at(event, kind, clock_.now(), arg);
+    return perfq_dev_record_at(&q_, event, kind, clock_.now(), arg);
   }
   // Queue with an explicit device time.
   bool record_at(uint32_t event, perfq_kind kind, uint64_t time, uint64_t arg) noexcept {
-    const uint64_t index = emitted_.load(std::memory_order_relaxed);
-    emitted_.store(index + 1, std::memory_order_relaxed);
-    const perfq_record r{index, event, stream_, PERFQ_FLAGS(kind, PERFQ_CLOCK_DEVICE), time, arg};
-    if (producer_.try_push(r)) return true;
-    // The drop's time first: the collector that sees the count sees a drop
-    // time at least this one (count_lost() releases, dropped() acquires).
-    last_drop_time_.store(time, std::memory_order_relaxed);
-    ring_.memory().count_lost();
-    return false;
+    return perfq_dev_record_at(&q_, event, kind, time, arg);
   }
 
-  uint16_t id() const noexcept { return stream_; }
+  uint16_t id() const noexcept { return q_.stream; }
   // Records the worker tried to record (delivered or dropped), so far.
-  uint64_t emitted() const noexcept { return emitted_.load(std::memory_order_relaxed); }
+  uint64_t emitted() const noexcept { return perfq_dev_queue_emitted(&q_); }
   // Records the worker dropped because its queue was full, so far.
-  uint64_t dropped() const noexcept { return ring_.memory().lost(); }
-  // Device time of the newest record dropped so far (read after dropped():
-  // at least that of the drop it counted last).
-  uint64_t last_drop_time() const noexcept {
-    return last_drop_time_.load(std::memory_order_relaxed);
-  }
+  uint64_t dropped() const noexcept { return perfq_dev_queue_dropped(&q_); }
+  perfq_dev_queue* sdk() noexcept { return &q_; }
 
  private:
-  friend class DeviceCollector;
-  uint16_t stream_;
+  struct Free {
+    void operator()(void* p) const noexcept { std::free(p); }
+  };
   const DeviceClock& clock_;
-  HeapRing<perfq_record> ring_;
-  SpscProducer<perfq_record> producer_;
-  SpscConsumer<perfq_record> consumer_;  // the collector's end
-  std::atomic<uint64_t> emitted_{0};
-  std::atomic<uint64_t> last_drop_time_{0};
+  std::unique_ptr<perfq_record[], Free> slots_;
+  alignas(PERFQ_CACHELINE) perfq_dev_queue q_;
 };
 
-// Per-stream accounting kept by the collector.
-struct StreamDelivery {
-  uint64_t delivered = 0;      // worker records copied into the shared ring
-  uint64_t lost_reported = 0;  // sum of the LOST records' counts sent
-  uint64_t undelivered = 0;    // left behind at shutdown (counted as dropped)
-};
+// Per-stream accounting kept by the collector (the SDK's).
+using StreamDelivery = perfq_dev_delivery;
 
 struct CollectorOptions {
   size_t batch = 256;  // records per copy
@@ -97,13 +83,15 @@ struct CollectorOptions {
   std::chrono::milliseconds shutdown_timeout{5000};  // to deliver what is queued
 };
 
-// The device collector (the "first thread").  Drains every DeviceQueue into
-// the region's ring through the mirrored control words.  run() belongs to one
-// thread; stats are read after it returns.
+// The device collector (the "first thread"): the SDK's collector
+// (perfq_dev_collect()) driven by one thread, with an adaptive idle wait.
+// run() belongs to one thread; stats are read after it returns.
 class DeviceCollector {
  public:
   DeviceCollector(const Region& region, std::vector<DeviceQueue*> streams, const DeviceClock& clock,
                   CollectorOptions opts = {});
+  DeviceCollector(const DeviceCollector&) = delete;
+  DeviceCollector& operator=(const DeviceCollector&) = delete;
 
   // Collect until stop is set, then deliver what the workers queued (call it
   // after the workers have stopped recording, or they keep adding) within the
@@ -112,27 +100,26 @@ class DeviceCollector {
   void run(const std::atomic<bool>& stop);
 
   // One pass over all streams; returns the records moved (LOST included).
-  size_t pass();
+  size_t pass() { return perfq_dev_collect(&c_); }
 
   const std::vector<StreamDelivery>& delivery() const { return delivery_; }
-  const RingFault& fault() const { return producer_.fault(); }
+  // The host wrote a head that makes no sense (kind kNone: it did not).
+  RingFault fault() const;
   // Mode B: whether records are being converted, and the device's model.
   bool converting() const { return converting_; }
   const DeviceClockSync& mode_b_sync() const { return mode_b_; }
 
  private:
-  bool drained() const;
   void poll_mailbox();
 
   const Region& region_;
   std::vector<DeviceQueue*> streams_;
-  const DeviceClock& clock_;
+  std::vector<perfq_dev_queue*> queues_;
   CollectorOptions opts_;
-  SpscProducer<perfq_record> producer_;
+  perfq_dev_port port_;
   std::vector<StreamDelivery> delivery_;
-  uint64_t heartbeat_ = 0;
+  perfq_dev_collector c_;
   DeviceClockSync mode_b_;
-  bool device_now_ = false;  // the region declares PERFQ_FEAT_DEVICE_NOW
   bool converting_ = false;
   uint32_t mailbox_round_ = 0;
   uint64_t next_mailbox_poll_ = 0;

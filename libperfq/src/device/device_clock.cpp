@@ -56,15 +56,25 @@ uint64_t SimClock::timer_at(uint64_t t) const noexcept {
   return cfg_.timer_offset + static_cast<uint64_t>(std::llround(ticks));
 }
 
+perfq_dev_port device_port(const DeviceClock& clock) noexcept {
+  perfq_dev_port p{};
+  p.ctx = const_cast<DeviceClock*>(&clock);
+  p.device_now = [](void* ctx) {
+    const auto* c = static_cast<const DeviceClock*>(ctx);
+    jitter_delay(c->jitter_ns());
+    return c->now();
+  };
+  p.timer_read = [](void* ctx) {
+    const auto* c = static_cast<const DeviceClock*>(ctx);
+    jitter_delay(c->jitter_ns());
+    return c->read_timer();
+  };
+  return p;
+}
+
 perfq_clock_sample sample_device_clock(const DeviceClock& clock) noexcept {
-  perfq_clock_sample s{};
-  const uint64_t j = clock.jitter_ns();
-  s.before = clock.read_timer();
-  jitter_delay(j);
-  s.value = clock.now();
-  jitter_delay(j);
-  s.after = clock.read_timer();
-  return s;
+  const perfq_dev_port p = device_port(clock);
+  return perfq_dev_sample(&p);
 }
 
 }  // namespace perfq

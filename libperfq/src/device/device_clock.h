@@ -13,13 +13,15 @@
 // offset works.  Jitter models what disturbs reads on real hardware: a
 // random busy delay of up to jitter_ns.
 //
-// Plain C++ with no host-only dependency: device firmware can link it.
+// device_port() hands a DeviceClock to the device SDK (perfq_device.h) as
+// its port layer.
 #pragma once
 
 #include <cstdint>
 #include <vector>
 
 #include "perfq/perfq_abi.h"
+#include "perfq/perfq_device.h"
 
 namespace perfq {
 
@@ -76,8 +78,13 @@ class SimClock final : public DeviceClock {
   Wide drift_mult_ = 0;
 };
 
-// One device sample for sync mode A: R read before and after D, with the
-// configured jitter between the reads.  {before = R, value = D, after = R}.
+// The SDK's port layer over a clock: D and R, each read after the clock's
+// jitter (a random busy delay of up to jitter_ns()), as reads of a real
+// device's clocks are disturbed.  The port refers to the clock: keep it alive.
+perfq_dev_port device_port(const DeviceClock& clock) noexcept;
+
+// One device sample (the SDK's perfq_dev_sample()): R read before and after
+// D, with the jitter before each read.  {before = R, value = D, after = R}.
 perfq_clock_sample sample_device_clock(const DeviceClock& clock) noexcept;
 
 }  // namespace perfq

@@ -18,8 +18,6 @@
 #include "sync/sync_buffer.h"
 
 namespace perfq {
-namespace {}  // namespace
-
 Status raise_sync_priority() {
   const auto tid = static_cast<id_t>(syscall(SYS_gettid));
   errno = 0;
@@ -34,74 +32,45 @@ Status raise_sync_priority() {
 TimerServer::TimerServer(const Region& region, const DeviceClock& clock, Options opts)
     : region_(region), clock_(clock), opts_(opts) {}
 
-void TimerServer::publish(uint32_t round, std::vector<perfq_clock_sample>& samples) {
-  // A round always gets at least one device sample, however few reads it had.
-  if (samples.empty()) samples.push_back(sample_device_clock(clock_));
-  write_sample_batch(&region_.sync()->device_samples, round, samples);
-  samples.clear();
-  // The host may sleep on the batch's round word (HostSync::round()).
-  futex_wake_all(&region_.sync()->device_samples.round);
-}
-
 void TimerServer::run(const std::atomic<bool>& stop) {
   (void)raise_sync_priority();  // without the privilege, it serves as it is
-  perfq_timer_page* t = region_.timer();
-  uint64_t last = load_acquire(&t->resp_tag);
-  std::vector<perfq_clock_sample> samples;
-  samples.reserve(PERFQ_SYNC_MAX_SAMPLES);
+  const perfq_dev_port port = device_port(clock_);
+  perfq_dev_timer t;
+  perfq_dev_timer_init(&t, region_.base(), &region_.header(), &port);
+  t.sample_every = std::max<uint32_t>(opts_.sample_every, 1);
   const uint64_t limit = static_cast<uint64_t>(
       std::chrono::duration_cast<std::chrono::nanoseconds>(opts_.spin_limit).count());
-  const uint32_t every = std::max<uint32_t>(opts_.sample_every, 1);
-  uint32_t round = 0;
-  while (!stop.load(std::memory_order_acquire)) {
-    if (round == 0) {
-      round = __atomic_load_n(&t->window, __ATOMIC_ACQUIRE);
-      if (round == 0) {
-        futex_wait(&t->window, 0, opts_.poll);
-        continue;
-      }
-      windows_.fetch_add(1, std::memory_order_relaxed);
-    }
-    // Serve requests while the window of this round is open; if the reader
-    // goes quiet for spin_limit (it died, or forgot to close), poll slowly.
-    uint64_t quiet_since = monotonic_ns();
-    uint32_t answered = 0;
-    for (uint32_t n = 0;; ++n) {
-      // Pairs with the reader's store_release of req_tag.
-      const uint64_t req = load_acquire(&t->req_tag);
-      if (req != last) {
-        jitter_delay(clock_.jitter_ns());
-        store_relaxed(&t->resp_value, clock_.read_timer());
-        // Pairs with the reader's load_acquire of resp_tag: resp_value first.
-        store_release(&t->resp_tag, req);
-        last = req;
-        served_.fetch_add(1, std::memory_order_relaxed);
-        // Our own sample, right after the answer: interleaved with the host's.
-        if (++answered % every == 0 && samples.size() < PERFQ_SYNC_MAX_SAMPLES)
-          samples.push_back(sample_device_clock(clock_));
+  uint32_t* window = &region_.timer()->window;
+  uint64_t quiet_since = monotonic_ns();
+  for (uint32_t n = 0; !stop.load(std::memory_order_relaxed); ++n) {
+    switch (perfq_dev_timer_poll(&t)) {
+      case PERFQ_DEV_TIMER_CLOSED:
+        // Asleep until the host opens a round (a futex wake where host and
+        // device share a kernel, a slow poll where they do not).
+        futex_wait(window, 0, opts_.poll);
+        quiet_since = monotonic_ns();
+        break;
+      case PERFQ_DEV_TIMER_SERVED:
         quiet_since = monotonic_ns();
         n = 0;
-        continue;
-      }
-      cpu_relax();
-      // The window word has a cache line of its own: checking it often is
-      // cheap, and the host waits for the batch we publish when it closes.
-      if ((n & 15) == 0) {
-        const uint32_t w = __atomic_load_n(&t->window, __ATOMIC_ACQUIRE);
-        if (w != round) {  // closed, or already the next round
-          publish(round, samples);
-          round = w;
-          if (w != 0) windows_.fetch_add(1, std::memory_order_relaxed);
-          break;
+        break;
+      case PERFQ_DEV_TIMER_PUBLISHED:
+        // The host may sleep on the batch's round word (HostSync::round()).
+        futex_wake_all(&region_.sync()->device_samples.round);
+        quiet_since = monotonic_ns();
+        break;
+      case PERFQ_DEV_TIMER_WAITING:
+        cpu_relax();
+        // A reader gone quiet for spin_limit (it died, or forgot to close
+        // the window): poll slowly until its next request.
+        if ((n & 255) == 0 && monotonic_ns() - quiet_since > limit) {
+          futex_wait(window, t.round, opts_.poll);
+          quiet_since = monotonic_ns() - limit;
         }
-        if ((n & 255) != 0) continue;
-        if (stop.load(std::memory_order_acquire)) return;
-        if (monotonic_ns() - quiet_since > limit) {
-          futex_wait(&t->window, w, opts_.poll);  // a window left open: poll slowly
-          quiet_since = monotonic_ns() - limit;   // keep polling until a request
-        }
-      }
+        break;
     }
+    served_.store(t.served, std::memory_order_relaxed);
+    windows_.store(t.windows, std::memory_order_relaxed);
   }
 }
 

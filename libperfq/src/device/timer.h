@@ -54,6 +54,8 @@ Status raise_sync_priority();
 // lies before R is read, so it biases the read's bracket midpoint early by
 // half of it.  With a sample after every third answer, two reads in three
 // find the server idle and the host's selection by delay picks those.
+// The exchange itself is the SDK's perfq_dev_timer_poll(); this class is
+// its thread, with the idle waits.
 class TimerServer {
  public:
   struct Options {
@@ -72,8 +74,6 @@ class TimerServer {
   uint64_t windows() const { return windows_.load(std::memory_order_relaxed); }
 
  private:
-  void publish(uint32_t round, std::vector<perfq_clock_sample>& samples);
-
   const Region& region_;
   const DeviceClock& clock_;
   Options opts_;

@@ -7,18 +7,13 @@
 
 #include <fmt/format.h>
 
+#include "perfq/perfq_device.h"
 #include "sync/robust_fit.h"
 #include "sync/sync.h"
 
 namespace perfq {
 
 using sync_fit::add_ns;
-
-namespace {
-
-__extension__ typedef __int128 i128;
-
-}  // namespace
 
 // ---- ClockModel -------------------------------------------------------------------
 
@@ -115,11 +110,7 @@ Result<ClockModel> ClockModel::from_abi(const perfq_sync_model& m) {
 }
 
 uint64_t apply_abi_model(const perfq_sync_model& m, uint64_t device_time) noexcept {
-  const i128 dx = time_diff(device_time, m.device_ref);
-  const i128 num = dx * (i128{1'000'000'000} + m.rate_ppb);
-  const i128 half = 500'000'000;
-  const i128 q = num >= 0 ? (num + half) / 1'000'000'000 : -((-num + half) / 1'000'000'000);
-  return static_cast<uint64_t>(m.host_ref_ns) + static_cast<uint64_t>(q);
+  return perfq_sync_apply(&m, device_time);  // the device SDK's, integer only
 }
 
 // ---- PiecewiseModel ---------------------------------------------------------------------

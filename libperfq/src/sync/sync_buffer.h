@@ -15,6 +15,9 @@
 // PERFQ_SYNC_MAX_SAMPLES or unknown model flags are reported as kCorrupt,
 // a writer that never finishes as kTimeout after max_retries attempts.
 //
+// The protocol is implemented once, in the device SDK (perfq_dev_batch_*,
+// perfq_dev_model_*); these are the host's C++ face of it.
+//
 // The writer does not trust the seq word it finds either: it derives the
 // next odd value from it, so a scribbled seq still leaves odd-while-writing.
 #pragma once

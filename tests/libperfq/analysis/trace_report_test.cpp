@@ -77,7 +77,8 @@ TEST_CASE("report: figures of a trace with known timings", "[report]") {
   o.period_ns = 100'000;
   o.submit_to_start = {1'000, 2'000, 3'000, 4'000};  // 25 each
   o.start_to_end = {10'000, 20'000};                 // 50 each
-  o.end_to_complete = {500, 700, 900, -100};         // the last: a causality violation
+  // The last: a causality violation, beyond the device times' 200 ns claims.
+  o.end_to_complete = {500, 700, 900, -1000};
   o.device_offset_ns = 7'000'000'000;
   auto written = write_synthetic_trace(path, o);
   REQUIRE(written.is_ok());
@@ -134,10 +135,11 @@ TEST_CASE("report: figures of a trace with known timings", "[report]") {
   CHECK(r.jobs.submit_to_start.max == 4'000);
   CHECK(r.jobs.start_to_end.p50 == 10'000);
   CHECK(r.jobs.start_to_end.p99 == 20'000);
-  CHECK(r.jobs.end_to_complete.min == -100);
+  CHECK(r.jobs.end_to_complete.min == -1000);
   CHECK(r.jobs.end_to_complete.p50 == 500);
   CHECK(r.jobs.end_to_complete.p99 == 900);
   CHECK(r.causality_violations == 25);
+  CHECK(r.causality_within_bounds == 0);
 
   REQUIRE(r.sync.size() == 1);
   CHECK(r.sync[0].name == "synth-dev");
@@ -561,4 +563,21 @@ TEST_CASE("report: a torn trace is reported with what came before", "[report]") 
 }
 
 }  // namespace
+TEST_CASE("report: an order reversed within the sync bounds is not a violation", "[report]") {
+  TempDir dir("report");
+  const std::string path = dir.file("within.pq");
+  SynthTraceOptions o;
+  o.jobs = 40;
+  o.end_to_complete = {-150};  // the device's end 150 ns after the host's complete: claim 200
+  REQUIRE(write_synthetic_trace(path, o).is_ok());
+  auto r = analyze_trace(path);
+  REQUIRE(r.is_ok());
+  CHECK(r->jobs.count == 40);
+  CHECK(r->causality_violations == 0);
+  CHECK(r->causality_within_bounds == 40);
+  CHECK_THAT(report_to_text(*r),
+             Catch::Contains("causality violations  0 (40 more out of order within their sync "
+                             "bounds)"));
+}
+
 }  // namespace perfq

@@ -432,11 +432,13 @@ TEST_CASE("job queue: channels are claimed, used and released", "[device][jobs]"
   // A job round trip on channel 2.
   HostJobChannel& ch = claimed[2];
   REQUIRE(ch.submit(perfq_job{42, 1000, 5, 0}));
-  DeviceJobChannel dev = dq->device_channel(ch.index());
+  const perfq_dev_jobq dev = dq->device();
   perfq_job job;
-  REQUIRE(dev.submit.try_pop(&job));
+  REQUIRE(perfq_dev_jobq_take(&dev, ch.index(), &job));
   CHECK(job.corr_id == 42);
-  REQUIRE(dev.complete.try_push(perfq_job_completion{42, 10, 20, 0, 0}));
+  CHECK_FALSE(perfq_dev_jobq_take(&dev, ch.index(), &job));  // one job, taken once
+  const perfq_job_completion done{42, 10, 20, 0, 0};
+  REQUIRE(perfq_dev_jobq_complete(&dev, ch.index(), &done));
   perfq_job_completion c;
   REQUIRE(ch.poll_completion(&c));
   CHECK(c.corr_id == 42);
