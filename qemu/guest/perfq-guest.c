@@ -9,6 +9,8 @@
  *   perfq-guest fuzz DEV ITERATIONS SEED    random ioctls and mmaps
  *   perfq-guest wait-state DEV STATE SECS   wait for host_ctrl.device_state == STATE
  *   perfq-guest hold DEV SECS               map the region, touch it until SIGBUS
+ *   perfq-guest sync-until-gone DEV SECS    clock-sample rounds on a silent device
+ *                                           until one ends with ENODEV (removal)
  *   perfq-guest exit CODE                   isa-debug-exit (port 0xf4)
  *
  * Output: one line per check, "ok: ..." or "FAIL: ..."; the exit status is
@@ -539,6 +541,58 @@ static int cmd_hold(const char *dev, double secs)
 	return failures ? 1 : 0;
 }
 
+static double ms_since(const struct timespec *t0)
+{
+	struct timespec t;
+
+	clock_gettime(CLOCK_MONOTONIC, &t);
+	return (double)(t.tv_sec - t0->tv_sec) * 1e3 + (double)(t.tv_nsec - t0->tv_nsec) / 1e6;
+}
+
+/*
+ * Rounds of PERFQ_IOC_CLOCK_SAMPLES against a device that does not answer,
+ * back to back, until one ends with ENODEV: the device was removed while
+ * the ioctl waited.  Exit 0 then, 1 on any other error or after secs.
+ */
+static int cmd_sync_until_gone(const char *dev, double secs)
+{
+	static struct perfq_ioc_clock_samples req;
+	struct timespec start, t0;
+	unsigned round = 1000, timeouts = 0;
+	int fd = open_dev(dev);
+
+	clock_gettime(CLOCK_MONOTONIC, &start);
+	printf("sync: waiting in PERFQ_IOC_CLOCK_SAMPLES for the silent device\n");
+	while (ms_since(&start) < secs * 1e3) {
+		memset(&req, 0, sizeof(req));
+		req.size = sizeof(req);
+		req.n = PERFQ_SYNC_MAX_SAMPLES;
+		req.round = round++;
+		req.timeout_ns = PERFQ_IOC_TIMEOUT_MAX_NS;
+		clock_gettime(CLOCK_MONOTONIC, &t0);
+		if (ioctl(fd, PERFQ_IOC_CLOCK_SAMPLES, &req) == 0) {
+			printf("sync: round %u answered (%u samples): the device is not silent\n",
+			       req.round, req.count);
+			continue;
+		}
+		if (errno == ETIMEDOUT) {
+			timeouts++;
+			continue;
+		}
+		if (errno == ENODEV) {
+			printf("ok: the ioctl waiting %.1f ms for the silent device ended with ENODEV (after %u timed-out rounds)\n",
+			       ms_since(&t0), timeouts);
+			close(fd);
+			return 0;
+		}
+		printf("FAIL: PERFQ_IOC_CLOCK_SAMPLES round %u: %s after %.1f ms\n", req.round,
+		       strerror(errno), ms_since(&t0));
+		return 1;
+	}
+	printf("FAIL: no ENODEV within %.0f s (%u timed-out rounds)\n", secs, timeouts);
+	return 1;
+}
+
 static int cmd_exit(int code)
 {
 	if (ioperm(0xf4, 1, 1)) {
@@ -565,8 +619,10 @@ int main(int argc, char **argv)
 		return cmd_wait_state(argv[2], (unsigned)atoi(argv[3]), atof(argv[4]));
 	if (argc >= 4 && !strcmp(argv[1], "hold"))
 		return cmd_hold(argv[2], atof(argv[3]));
+	if (argc >= 4 && !strcmp(argv[1], "sync-until-gone"))
+		return cmd_sync_until_gone(argv[2], atof(argv[3]));
 	if (argc >= 3 && !strcmp(argv[1], "exit"))
 		return cmd_exit(atoi(argv[2]));
-	fprintf(stderr, "usage: perfq-guest info|clock|badinput|fuzz|wait-state|hold|exit ...\n");
+	fprintf(stderr, "usage: perfq-guest info|clock|badinput|fuzz|wait-state|hold|sync-until-gone|exit ...\n");
 	return 2;
 }
