@@ -272,8 +272,18 @@ static int perfq_timer_read(struct perfq_dev *pd, u64 timeout_ns, u64 *value)
 		if (READ_ONCE(pd->gone))
 			return -ENODEV;
 		if (ktime_get_ns() - start > timeout_ns)
-			return -ETIMEDOUT;
+			break;
 	}
+	/*
+	 * Past the deadline, look once more: a guest vCPU (or an NMI) can lose
+	 * the CPU between the check above and the clock read, and the answer
+	 * that came meanwhile is not a timeout.
+	 */
+	if (readq(&t->resp_tag) == tag) {
+		*value = readq(&t->resp_value);
+		return 0;
+	}
+	return -ETIMEDOUT;
 }
 
 /*
