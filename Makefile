@@ -58,9 +58,10 @@ QEMU_RESULTS = $(BUILD)/qemu/results.txt
 DEB_RESULTS  = $(BUILD)/deb/results.txt
 DEBS         = $(BUILD)/deb/perfq_$(VERSION)_amd64.deb $(BUILD)/deb/perfq-dkms_$(VERSION)_all.deb
 VERSION      = $(shell sed -n 's/^PACKAGE_VERSION="\(.*\)"/\1/p' driver/dkms.conf)
-# The busybox-initramfs scenarios, then `systemd`: the packages installed in
-# a Debian guest with systemd as PID 1.
-QEMU_SCENARIOS = load badinput e2e unplug systemd
+# The busybox-initramfs scenarios (each on the newest installed 6.1 and 6.12
+# kernels), then `systemd`: the packages installed in a Debian guest with
+# systemd as PID 1.
+QEMU_SCENARIOS = load badinput e2e unplug unplug-sync systemd
 
 # The systemd scenario's Debian rootfs (debootstrap, cached) builds in the
 # background while the trees compile; the scenario waits for it.
