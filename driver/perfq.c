@@ -612,9 +612,8 @@ static int perfq_mmap(struct file *file, struct vm_area_struct *vma)
 	if (pd->gone) {
 		ret = -ENODEV;
 	} else {
+		/* vm_page_prot stays write-back: each fault sets its page's caching. */
 		vm_flags_set(vma, VM_IO | VM_PFNMAP | VM_DONTEXPAND | VM_DONTDUMP);
-		/* Uncached unless the fault handler finds the page write-back. */
-		vma->vm_page_prot = pgprot_noncached(vma->vm_page_prot);
 		vma->vm_ops = &perfq_vm_ops;
 		vma->vm_private_data = pd;
 	}
