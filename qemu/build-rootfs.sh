@@ -35,7 +35,8 @@ command -v debootstrap >/dev/null || die "debootstrap missing (scripts/deps.sh i
 SUITE=bookworm
 
 # The host's Debian kernel: the guest gets the very same package version.
-KVER=$(make -s -C "$ROOT/driver" kver)
+# The 6.1 series, Debian 12's default (PERFQ_ROOTFS_KSERIES to change it).
+KVER=$(make -s -C "$ROOT/driver" kver KSERIES="${PERFQ_ROOTFS_KSERIES-6.1}")
 [ -n "$KVER" ] && [ -r "/boot/vmlinuz-$KVER" ] ||
   die "no Debian kernel on the host (install linux-image-amd64 linux-headers-amd64)"
 kver_of() { dpkg-query -W -f='${Version}' "$1" 2>/dev/null || true; }

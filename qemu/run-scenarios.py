@@ -122,30 +122,25 @@ class Qmp:
                 self.events.append(r)
 
 
-def installed_kernels():
-    """Versions with a bootable image and headers, oldest first."""
-    out = []
-    for v in os.listdir("/lib/modules") if os.path.isdir("/lib/modules") else []:
-        if os.path.exists(f"/boot/vmlinuz-{v}") and os.path.isdir(f"/lib/modules/{v}/build"):
-            out.append(v)
-
-    def key(v):
-        return [int(x) if x.isdigit() else x for x in v.replace("-", ".").replace("+", ".").split(".")]
-    return sorted(out, key=key)
+def newest_kernel(series=""):
+    """driver/Makefile's choice: the newest installed kernel (of a series)
+    with a bootable image and headers; "" when there is none."""
+    r = subprocess.run(["make", "-s", "-C", os.path.join(ROOT, "driver"), "kver",
+                        f"KSERIES={series}"], capture_output=True, text=True)
+    return r.stdout.strip()
 
 
 def default_kernels():
     """The newest installed kernel of each supported series."""
-    found = installed_kernels()
     picked = []
     for series in KERNEL_SERIES:
-        of = [v for v in found if v.startswith(series + ".") or v.startswith(series + "-")]
-        if of:
-            picked.append(of[-1])
+        kver = newest_kernel(series)
+        if kver:
+            picked.append(kver)
         else:
             log(f"no {series} kernel with headers installed: its runs are skipped "
                 f"(scripts/deps.sh installs it)")
-    return picked or found[-1:]
+    return picked or [k for k in [newest_kernel()] if k]
 
 
 class Run:

@@ -5,7 +5,7 @@
 #   scripts/check-driver.sh [OUT_DIR]    (default: build/driver-check)
 # The series are Debian 12's 6.1 (linux-headers-amd64) and 6.12
 # (linux-headers-6.12-amd64); for each, the newest installed headers in
-# /lib/modules/V/build are used.  A missing series fails, naming the package.
+# /lib/modules/V/build are used (driver/Makefile's `kver KSERIES=`).  A missing series fails, naming the package.
 # The source tree is staged as the perfq-dkms package installs it
 # (debian/perfq-dkms.install) and built with dkms.conf's own MAKE command,
 # so this is also the DKMS build of both kernels.
@@ -16,11 +16,7 @@ SERIES=("6.1:linux-headers-amd64" "6.12:linux-headers-6.12-amd64")
 
 command -v sparse >/dev/null || { echo "check-driver: sparse is missing (apt-get install sparse; scripts/deps.sh)" >&2; exit 1; }
 
-newest_of() {
-  for d in /lib/modules/"$1".*/build; do
-    [ -d "$d" ] && basename "$(dirname "$d")"
-  done | sort -V | tail -n 1
-}
+newest_of() { make -s -C "$ROOT/driver" kver KSERIES="$1"; }
 
 # dkms.conf's MAKE[0] for kernel $1, with dkms_tree $2.
 dkms_make() {
