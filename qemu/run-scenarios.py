@@ -12,9 +12,10 @@ ivshmem-plain device.
 Each scenario boots its own guest (TCG; PERFQ_QEMU_ACCEL=kvm to try KVM)
 under `timeout`, waits for markers on the serial console, does what the
 guest asks of the host (stop the device, unplug it over QMP), and checks
-what came back.  The initramfs scenarios run once per guest kernel: the
-newest installed kernel (with headers) of each supported series, Debian 12's
-6.1 and 6.12, or those named with --kernel.  The results file gets one
+what came back.  Every scenario runs once per guest kernel: the newest
+installed kernel (with headers) of each supported series, Debian 12's 6.1
+and 6.12, or those named with --kernel (the systemd scenario's rootfs is
+built for that kernel).  The results file gets one
 "PASS name@KVER" / "FAIL name@KVER" line per run; the last line printed is
 "qemu: N passed, M failed".
 """
@@ -549,7 +550,10 @@ def prepare_image(run, args):
     cmd = [os.path.join(ROOT, "qemu", "build-rootfs.sh")]
     if args.rootfs_cache:
         cmd += ["--cache", args.rootfs_cache]
-    r = subprocess.run(cmd, stdout=subprocess.PIPE, text=True)
+    env = dict(os.environ)
+    if run.kver:
+        env["PERFQ_ROOTFS_KVER"] = run.kver  # the rootfs of this guest kernel
+    r = subprocess.run(cmd, stdout=subprocess.PIPE, text=True, env=env)
     lines = r.stdout.strip().splitlines()
     if not run.check(r.returncode == 0 and lines, "the cached Debian rootfs (qemu/build-rootfs.sh)"):
         return None
@@ -683,7 +687,7 @@ def run_scenario(args, name, kver=None):
     try:
         if name == "systemd":
             run_systemd(run, args, timeout)
-            return finish_scenario(run, name)
+            return finish_scenario(run, f"{name}@{kver}" if kver else name)
         regions = []
         if name in ("load", "badinput", "e2e", "unplug", "unplug-sync"):
             run.make_region(run.shm)
@@ -786,10 +790,7 @@ def main():
     t0 = time.monotonic()
     results = []
     for s in args.scenarios:
-        if s in IMAGE_SCENARIOS:
-            results.append((s, run_scenario(args, s)))
-        else:
-            results += [(f"{s}@{k}", run_scenario(args, s, k)) for k in kernels]
+        results += [(f"{s}@{k}", run_scenario(args, s, k)) for k in kernels]
     passed = sum(1 for _, ok in results if ok)
     if args.results:
         os.makedirs(os.path.dirname(os.path.abspath(args.results)), exist_ok=True)
