@@ -88,7 +88,9 @@ struct perfq_ioc_info {
  * request/response exchange of perfq_timer_page, bounded by timeout_ns
  * (interrupts stay off for one read at most; a read that times out is
  * retried a few times with interrupts on).  Returns 0 with count == n, or
- * -ETIMEDOUT with count = the samples taken before the device went quiet.
+ * -ETIMEDOUT with count = the samples taken before the device went quiet;
+ * -EINTR when a signal arrives while it waits for the device, -ENODEV when
+ * the device is removed meanwhile (the round is cut short, never waited out).
  * A nonzero `round` opens the device's sync window for that round first
  * (and waits, interrupts on, for the device to answer) and closes it after.
  */
