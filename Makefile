@@ -61,15 +61,19 @@ DEB_RESULTS  = $(BUILD)/deb/results.txt
 DEBS         = $(BUILD)/deb/perfq_$(VERSION)_amd64.deb $(BUILD)/deb/perfq-dkms_$(VERSION)_all.deb
 VERSION      = $(shell sed -n 's/^PACKAGE_VERSION="\(.*\)"/\1/p' driver/dkms.conf)
 # The busybox-initramfs scenarios, then `systemd`: the packages installed in
-# a Debian guest with systemd as PID 1.
-QEMU_SCENARIOS = load badinput e2e unplug systemd
+# a Debian guest with systemd as PID 1; each on the newest installed 6.1 and
+# 6.12 kernels.
+QEMU_SCENARIOS = load badinput e2e unplug unplug-sync systemd
+# The systemd rootfs of the 6.12 guest kernel (the 6.1 one is the default).
+KVERS_612    = $(shell $(MAKE) -s -C driver kver KSERIES=6.12)
 
 # The systemd scenario's Debian rootfs (debootstrap, cached) builds in the
 # background while the trees compile; the scenario waits for it.
 test: deps
 	@mkdir -p $(BUILD)/qemu
 	@echo "perfq: building the systemd guest's Debian rootfs in the background ($(BUILD)/qemu/rootfs.log)"
-	@qemu/build-rootfs.sh >$(BUILD)/qemu/rootfs.log 2>&1 </dev/null & \
+	@{ qemu/build-rootfs.sh; for k in $(KVERS_612); do PERFQ_ROOTFS_KVER=$$k qemu/build-rootfs.sh; done; } \
+	  >$(BUILD)/qemu/rootfs.log 2>&1 </dev/null & \
 	  $(MAKE) --no-print-directory build asan tsan; rc=$$?; \
 	  if [ $$rc -ne 0 ]; then echo "perfq: waiting for the rootfs build to stop"; wait; fi; exit $$rc
 	@rm -f $(QEMU_RESULTS) $(DEB_RESULTS)

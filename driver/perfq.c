@@ -17,9 +17,17 @@
  * and every later ioctl returns -ENODEV; open files keep the (dead) device
  * structure alive until their last close.
  *
- * Locking: perfq_dev.lock (rwsem) guards `gone` and the BAR: readers are
- * ioctls, page faults and sysfs reads, the writer is remove.  clock_lock
- * serialises timer readers (the exchange has one reader at a time).
+ * Device memory is not RAM: the kernel maps each run of the region's pages
+ * with the caching its content needs (perfq_page_caching()) and user
+ * mappings get the same per page: the timer page always uncached, the rest
+ * write-back only when the region is system memory (the header's
+ * PERFQ_FEAT_SYSTEM_MEMORY, or the module parameter system_memory=1),
+ * uncached otherwise.  The kernel touches the region only through MMIO
+ * accessors (readq/writeq, memcpy_fromio).
+ *
+ * Locking: see struct perfq_dev.  Nothing sleeps while holding pd->lock, so
+ * remove's down_write waits at most for one timer read; a sync round in
+ * progress sees `gone` between (and inside) its reads and ends with -ENODEV.
  */
 #define pr_fmt(fmt) KBUILD_MODNAME ": " fmt
 
@@ -39,6 +47,7 @@
 #include <linux/slab.h>
 #include <linux/uaccess.h>
 #include <linux/version.h>
+#include <linux/wait.h>
 
 #include "perfq/perfq_abi.h"
 #include "perfq/perfq_ioctl.h"
@@ -61,10 +70,43 @@
  */
 #define PERFQ_RETRY_EXTRA_NS (100ULL * NSEC_PER_MSEC)
 #define PERFQ_RETRY_SLEEP_MAX_US 5000
+/* Kernel mappings of the region: runs of pages of one caching. */
+#define PERFQ_MAX_MAPS 3 /* write-back, the uncached timer page, write-back */
+
+#if LINUX_VERSION_CODE < KERNEL_VERSION(6, 3, 0)
+/* Linux 6.3 made vma->vm_flags read-only outside these helpers. */
+static inline void vm_flags_set(struct vm_area_struct *vma, vm_flags_t flags)
+{
+	vma->vm_flags |= flags;
+}
+
+static inline void vm_flags_clear(struct vm_area_struct *vma, vm_flags_t flags)
+{
+	vma->vm_flags &= ~flags;
+}
+#endif
 
 static int perfq_bar = 2;
 module_param_named(bar, perfq_bar, int, 0444);
 MODULE_PARM_DESC(bar, "BAR that holds the perfq region (default 2, ivshmem's shared memory)");
+
+static int perfq_system_memory = -1;
+module_param_named(system_memory, perfq_system_memory, int, 0444);
+MODULE_PARM_DESC(system_memory,
+		 "-1 (default): the region is system memory (mapped write-back) only if its header sets PERFQ_FEAT_SYSTEM_MEMORY; 0: device memory (uncached); 1: system memory");
+
+enum perfq_caching {
+	PERFQ_UNCACHED,
+	PERFQ_WRITE_BACK,
+};
+
+/* One kernel mapping: region bytes [off, off + len) with one caching. */
+struct perfq_map {
+	u64 off;
+	u64 len;
+	enum perfq_caching caching;
+	void __iomem *va;
+};
 
 struct perfq_dev {
 	struct device dev; /* /sys/class/perfq/perfqN; open files hold it */
@@ -72,14 +114,28 @@ struct perfq_dev {
 	struct pci_dev *pdev;
 	int minor;
 
-	struct rw_semaphore lock; /* guards gone and every access to base */
+	/*
+	 * lock guards every access to the region's mappings (maps, timer,
+	 * host_ctrl) against remove: readers are ioctls (one timer read at a
+	 * time), page faults, mmap and sysfs reads, and none of them sleeps
+	 * while holding it; the writer is remove.  `gone` is set by remove
+	 * before it takes the lock (so that loops waiting for the device stop)
+	 * and read under the lock, or with READ_ONCE in those loops.
+	 */
+	struct rw_semaphore lock;
 	bool gone;
-	u8 *base; /* the BAR, memremap'ed by devm; valid while !gone */
+	wait_queue_head_t gone_wait; /* sleepers between timer reads; woken by remove */
+	struct perfq_map maps[PERFQ_MAX_MAPS]; /* devm mappings; valid while !gone */
+	int nr_maps;
+	struct perfq_timer_page __iomem *timer;
+	struct perfq_host_ctrl __iomem *host_ctrl;
+	bool system_memory; /* pages other than the timer's are write-back */
+	bool memory_from_header; /* ...as the header said, not the module parameter */
 	phys_addr_t bar_start;
 	u64 bar_len;
-	struct perfq_region_header hdr; /* the validated private copy */
+	struct perfq_region_header hdr; /* the validated private copy; constant */
 
-	struct mutex clock_lock; /* one timer reader at a time */
+	struct mutex clock_lock; /* one clock-samples ioctl at a time (one timer reader) */
 
 	struct mutex open_lock; /* guards mapping_inode */
 	struct inode *mapping_inode; /* its i_mapping is every open file's */
@@ -146,56 +202,163 @@ static bool perfq_range_writable(const struct perfq_dev *pd, u64 off, u64 len)
 	return covered == len;
 }
 
-static void *perfq_section_ptr(const struct perfq_dev *pd, int id)
+/*
+ * The caching of the region's page at page_off: the timer page uncached
+ * always (a register, read between two clock reads); the others write-back
+ * when the region is system memory, uncached when it is device memory.
+ */
+static enum perfq_caching perfq_page_caching(const struct perfq_region_header *h,
+					     bool system_memory, u64 page_off)
 {
-	return pd->base + pd->hdr.sections[id].offset;
+	const struct perfq_section *t = &h->sections[PERFQ_SECTION_TIMER];
+
+	if (t->offset < page_off + PAGE_SIZE && page_off < t->offset + t->size)
+		return PERFQ_UNCACHED;
+	return system_memory ? PERFQ_WRITE_BACK : PERFQ_UNCACHED;
+}
+
+static pgprot_t perfq_caching_prot(enum perfq_caching c, pgprot_t prot)
+{
+	return c == PERFQ_WRITE_BACK ? prot : pgprot_noncached(prot);
+}
+
+static const char *perfq_caching_name(enum perfq_caching c)
+{
+	return c == PERFQ_WRITE_BACK ? "write-back" : "uncached";
+}
+
+/* The kernel address of region offset off, within the mapping that holds it. */
+static void __iomem *perfq_region_addr(const struct perfq_dev *pd, u64 off)
+{
+	int i;
+
+	for (i = 0; i < pd->nr_maps; i++)
+		if (off >= pd->maps[i].off && off - pd->maps[i].off < pd->maps[i].len)
+			return pd->maps[i].va + (off - pd->maps[i].off);
+	WARN_ON_ONCE(1);
+	return NULL;
 }
 
 /* ------------------------------------------------------------------ */
 /* Timer register reads                                                */
 
 /*
- * One read of R.  On hardware a load of the register; with the software
- * device the request/response exchange of perfq_timer_page, spinning at most
- * timeout_ns.  Runs with interrupts off: never sleeps.
+ * One read of R, with pd->lock held for reading and interrupts off: never
+ * sleeps.  On hardware a load of the register; with the software device the
+ * request/response exchange of perfq_timer_page, spinning at most
+ * timeout_ns, or until remove marks the device gone.  The page is mapped
+ * uncached: the accesses reach the device in program order.
  */
 static int perfq_timer_read(struct perfq_dev *pd, u64 timeout_ns, u64 *value)
 {
-	struct perfq_timer_page *t = perfq_section_ptr(pd, PERFQ_SECTION_TIMER);
+	struct perfq_timer_page __iomem *t = pd->timer;
 	u64 start, tag;
 
 	if (!(pd->hdr.features & PERFQ_FEAT_TIMER_REQRESP)) {
-		*value = READ_ONCE(t->value);
+		*value = readq(&t->value);
 		return 0;
 	}
-	tag = READ_ONCE(t->req_tag) + 1;
+	tag = readq(&t->req_tag) + 1;
 	start = ktime_get_ns();
-	/* Pairs with the device's load-acquire of req_tag. */
-	smp_store_release(&t->req_tag, tag);
+	/* The device reads req_tag, then stores resp_value before resp_tag. */
+	writeq(tag, &t->req_tag);
 	for (;;) {
-		/* Pairs with the device's store-release of resp_tag. */
-		if (smp_load_acquire(&t->resp_tag) == tag) {
-			*value = READ_ONCE(t->resp_value);
+		/* readq orders the resp_value load after it (the device's release). */
+		if (readq(&t->resp_tag) == tag) {
+			*value = readq(&t->resp_value);
 			return 0;
 		}
 		cpu_relax();
+		if (READ_ONCE(pd->gone))
+			return -ENODEV;
 		if (ktime_get_ns() - start > timeout_ns)
-			return -ETIMEDOUT;
+			break;
 	}
+	/*
+	 * Past the deadline, look once more: a guest vCPU (or an NMI) can lose
+	 * the CPU between the check above and the clock read, and the answer
+	 * that came meanwhile is not a timeout.
+	 */
+	if (readq(&t->resp_tag) == tag) {
+		*value = readq(&t->resp_value);
+		return 0;
+	}
+	return -ETIMEDOUT;
+}
+
+/*
+ * One bracketed read: before <= the moment the device samples R <= after.
+ * The barriers keep the register access between the two clock reads (the
+ * x86 clock read is ordered like a load, the MMIO access is not ordered
+ * against it by itself).  Takes pd->lock for the read only.
+ */
+static int perfq_bracketed_read(struct perfq_dev *pd, u64 timeout_ns,
+				struct perfq_clock_sample *s)
+{
+	unsigned long irqflags;
+	int ret;
+
+	down_read(&pd->lock);
+	if (pd->gone) {
+		up_read(&pd->lock);
+		return -ENODEV;
+	}
+	preempt_disable();
+	local_irq_save(irqflags);
+	s->before = ktime_get_ns();
+	mb(); /* the clock read completes before the register access starts */
+	ret = perfq_timer_read(pd, timeout_ns, &s->value);
+	rmb(); /* the register's value has arrived before the second clock read */
+	s->after = ktime_get_ns();
+	local_irq_restore(irqflags);
+	preempt_enable();
+	up_read(&pd->lock);
+	return ret;
+}
+
+/*
+ * Sleeps about us microseconds between timer reads, holding nothing that
+ * remove takes; remove wakes it.  -ENODEV once the device is gone, -EINTR
+ * on a signal.
+ */
+static int perfq_pause(struct perfq_dev *pd, unsigned long us)
+{
+	long ret = wait_event_interruptible_hrtimeout(pd->gone_wait, READ_ONCE(pd->gone),
+						       ns_to_ktime(us * NSEC_PER_USEC));
+
+	if (READ_ONCE(pd->gone))
+		return -ENODEV;
+	return ret == -ERESTARTSYS ? -EINTR : 0;
+}
+
+/* Opens (round) or closes (0) the device's window for a sync round. */
+static int perfq_set_window(struct perfq_dev *pd, u32 round)
+{
+	int ret = 0;
+
+	down_read(&pd->lock);
+	if (pd->gone)
+		ret = -ENODEV;
+	else
+		writel(round, &pd->timer->window); /* the device polls it */
+	up_read(&pd->lock);
+	return ret;
 }
 
 /* A first exchange with interrupts on, while the device wakes up. */
 static int perfq_timer_warmup(struct perfq_dev *pd, u64 timeout_ns)
 {
 	u64 deadline = ktime_get_ns() + timeout_ns + PERFQ_WARMUP_EXTRA_NS;
-	u64 value;
+	struct perfq_clock_sample s;
+	int ret;
 
 	do {
-		if (!perfq_timer_read(pd, PERFQ_WARMUP_READ_NS, &value))
-			return 0;
-		if (fatal_signal_pending(current))
-			return -EINTR;
-		usleep_range(50, 100);
+		ret = perfq_bracketed_read(pd, PERFQ_WARMUP_READ_NS, &s);
+		if (ret != -ETIMEDOUT)
+			return ret;
+		ret = perfq_pause(pd, 100);
+		if (ret)
+			return ret;
 	} while (ktime_get_ns() < deadline);
 	return -ETIMEDOUT;
 }
@@ -205,8 +368,6 @@ static int perfq_timer_warmup(struct perfq_dev *pd, u64 timeout_ns)
 
 static void perfq_fill_info(struct perfq_dev *pd, struct perfq_ioc_info *info)
 {
-	struct perfq_host_ctrl *hc = perfq_section_ptr(pd, PERFQ_SECTION_HOST_CTRL);
-
 	info->size = sizeof(*info);
 	info->version = PERFQ_IOC_VERSION;
 	info->abi_version = pd->hdr.abi_version;
@@ -217,7 +378,7 @@ static void perfq_fill_info(struct perfq_dev *pd, struct perfq_ioc_info *info)
 	info->device_clock_hz = pd->hdr.device_clock_hz;
 	info->timer_hz = pd->hdr.timer_hz;
 	info->bar_size = pd->bar_len;
-	info->records_seen = READ_ONCE(hc->tail_mirror);
+	info->records_seen = readq(&pd->host_ctrl->tail_mirror);
 	info->link_speed_mtps = pd->link_speed_mtps;
 	info->link_width = pd->link_width;
 	info->max_samples = PERFQ_SYNC_MAX_SAMPLES;
@@ -269,26 +430,22 @@ static bool perfq_clock_req_valid(struct perfq_dev *pd, const struct perfq_ioc_c
  * One bracketed sample.  Interrupts stay off for one read only.  A device
  * that does not answer within timeout_ns is usually just not running right
  * now (the software device shares the host's CPUs): let it run, with
- * interrupts on, and try again until give_up.  A failed sample is zeroed.
+ * interrupts on and pd->lock not held, and try again until give_up.  A
+ * failed sample is zeroed.
  */
 static int perfq_clock_sample(struct perfq_dev *pd, u64 timeout_ns, struct perfq_clock_sample *s)
 {
 	u64 give_up = ktime_get_ns() + timeout_ns + PERFQ_RETRY_EXTRA_NS;
 	unsigned long sleep_us = 100;
-	unsigned long irqflags;
 	int ret;
 
 	for (;;) {
-		preempt_disable();
-		local_irq_save(irqflags);
-		s->before = ktime_get_ns();
-		ret = perfq_timer_read(pd, timeout_ns, &s->value);
-		s->after = ktime_get_ns();
-		local_irq_restore(irqflags);
-		preempt_enable();
-		if (!ret || s->after >= give_up || fatal_signal_pending(current))
+		ret = perfq_bracketed_read(pd, timeout_ns, s);
+		if (ret != -ETIMEDOUT || s->after >= give_up)
 			break;
-		usleep_range(sleep_us, sleep_us + sleep_us / 2);
+		ret = perfq_pause(pd, sleep_us);
+		if (ret)
+			break;
 		sleep_us = min_t(unsigned long, sleep_us * 2, PERFQ_RETRY_SLEEP_MAX_US);
 	}
 	if (ret) {
@@ -299,21 +456,20 @@ static int perfq_clock_sample(struct perfq_dev *pd, u64 timeout_ns, struct perfq
 }
 
 /*
- * One round of req->n samples, with the device present and clock_lock held:
- * opens the device's window for req->round (if any), samples until the first
- * failure, and closes the window again.  req->count is the samples taken.
+ * One round of req->n samples, with clock_lock held: opens the device's
+ * window for req->round (if any), samples until the first failure, and
+ * closes the window again.  req->count is the samples taken.  Every step
+ * takes pd->lock by itself, so remove cuts the round short (-ENODEV).
  */
 static int perfq_clock_round(struct perfq_dev *pd, struct perfq_ioc_clock_samples *req,
 			     u64 timeout_ns)
 {
-	struct perfq_timer_page *t = perfq_section_ptr(pd, PERFQ_SECTION_TIMER);
 	int ret = 0;
 	u32 i;
 
 	if (req->round) {
-		/* Pairs with the device's acquire-load of window. */
-		smp_store_release(&t->window, req->round);
-		if (pd->hdr.features & PERFQ_FEAT_TIMER_REQRESP)
+		ret = perfq_set_window(pd, req->round);
+		if (!ret && (pd->hdr.features & PERFQ_FEAT_TIMER_REQRESP))
 			ret = perfq_timer_warmup(pd, timeout_ns);
 	}
 	for (i = 0; !ret && i < req->n; i++) {
@@ -323,8 +479,8 @@ static int perfq_clock_round(struct perfq_dev *pd, struct perfq_ioc_clock_sample
 		req->count = i + 1;
 		cond_resched();
 	}
-	if (req->round)
-		smp_store_release(&t->window, 0u);
+	if (req->round && ret != -ENODEV)
+		perfq_set_window(pd, 0);
 	if (ret == -ETIMEDOUT)
 		dev_dbg(&pd->dev, "timer read timed out after %llu ns (%u of %u samples); is the device running?\n",
 			timeout_ns, req->count, req->n);
@@ -357,12 +513,7 @@ static long perfq_ioctl_clock_samples(struct perfq_dev *pd, void __user *argp)
 		ret = -EINTR;
 		goto out_free;
 	}
-	down_read(&pd->lock);
-	if (pd->gone)
-		ret = -ENODEV;
-	else
-		ret = perfq_clock_round(pd, req, timeout_ns);
-	up_read(&pd->lock);
+	ret = perfq_clock_round(pd, req, timeout_ns);
 	mutex_unlock(&pd->clock_lock);
 	if (ret != -ENODEV && copy_to_user(argp, req, sizeof(*req)))
 		ret = -EFAULT;
@@ -407,11 +558,18 @@ static vm_fault_t perfq_vm_fault(struct vm_fault *vmf)
 	u64 off = ((u64)vma->vm_pgoff << PAGE_SHIFT) + (vmf->address - vma->vm_start);
 	vm_fault_t ret;
 
+	pgprot_t prot;
+
 	down_read(&pd->lock);
-	if (pd->gone || off >= pd->hdr.region_size)
+	if (pd->gone || off >= pd->hdr.region_size) {
 		ret = VM_FAULT_SIGBUS;
-	else
-		ret = vmf_insert_pfn(vma, vmf->address, (pd->bar_start + off) >> PAGE_SHIFT);
+	} else {
+		/* The page's caching, as the kernel's own mapping of it has. */
+		prot = perfq_caching_prot(perfq_page_caching(&pd->hdr, pd->system_memory, off),
+					  vma->vm_page_prot);
+		ret = vmf_insert_pfn_prot(vma, vmf->address, (pd->bar_start + off) >> PAGE_SHIFT,
+					  prot);
+	}
 	up_read(&pd->lock);
 	return ret;
 }
@@ -446,15 +604,16 @@ static int perfq_mmap(struct file *file, struct vm_area_struct *vma)
 			dev_dbg(&pd->dev, "mmap: [%llu +%llu] touches a read-only section\n", off, len);
 			return -EACCES;
 		}
-		vma->vm_flags &= ~VM_MAYWRITE;
+		vm_flags_clear(vma, VM_MAYWRITE);
 	}
-	vma->vm_flags &= ~VM_MAYEXEC;
+	vm_flags_clear(vma, VM_MAYEXEC);
 
 	down_read(&pd->lock);
 	if (pd->gone) {
 		ret = -ENODEV;
 	} else {
-		vma->vm_flags |= VM_IO | VM_PFNMAP | VM_DONTEXPAND | VM_DONTDUMP;
+		/* vm_page_prot stays write-back: each fault sets its page's caching. */
+		vm_flags_set(vma, VM_IO | VM_PFNMAP | VM_DONTEXPAND | VM_DONTDUMP);
 		vma->vm_ops = &perfq_vm_ops;
 		vma->vm_private_data = pd;
 	}
@@ -548,16 +707,13 @@ static DEVICE_ATTR_RO(region_size);
 static ssize_t records_seen_show(struct device *dev, struct device_attribute *attr, char *buf)
 {
 	struct perfq_dev *pd = perfq_from_dev(dev);
-	struct perfq_host_ctrl *hc;
 	ssize_t ret;
 
 	down_read(&pd->lock);
-	if (pd->gone) {
+	if (pd->gone)
 		ret = -ENODEV;
-	} else {
-		hc = perfq_section_ptr(pd, PERFQ_SECTION_HOST_CTRL);
-		ret = sysfs_emit(buf, "%llu\n", READ_ONCE(hc->tail_mirror));
-	}
+	else
+		ret = sysfs_emit(buf, "%llu\n", readq(&pd->host_ctrl->tail_mirror));
 	up_read(&pd->lock);
 	return ret;
 }
@@ -591,6 +747,16 @@ static ssize_t link_width_show(struct device *dev, struct device_attribute *attr
 }
 static DEVICE_ATTR_RO(link_width);
 
+/* "system" (write-back, the timer page uncached) or "device" (uncached), and who said so. */
+static ssize_t memory_show(struct device *dev, struct device_attribute *attr, char *buf)
+{
+	struct perfq_dev *pd = perfq_from_dev(dev);
+
+	return sysfs_emit(buf, "%s (%s)\n", pd->system_memory ? "system" : "device",
+			  pd->memory_from_header ? "region header" : "module parameter");
+}
+static DEVICE_ATTR_RO(memory);
+
 static struct attribute *perfq_attrs[] = {
 	&dev_attr_abi_version.attr,
 	&dev_attr_ring_capacity.attr,
@@ -599,6 +765,7 @@ static struct attribute *perfq_attrs[] = {
 	&dev_attr_device_name.attr,
 	&dev_attr_link_speed.attr,
 	&dev_attr_link_width.attr,
+	&dev_attr_memory.attr,
 	NULL,
 };
 ATTRIBUTE_GROUPS(perfq);
@@ -634,10 +801,9 @@ static void perfq_read_link(struct perfq_dev *pd)
 	pd->link_of_port = d != pd->pdev;
 }
 
-/* Enables the device and maps the region's BAR; every step is managed. */
-static int perfq_map_bar(struct pci_dev *pdev, void **base)
+/* Enables the device and claims the region's BAR; every step is managed. */
+static int perfq_claim_bar(struct pci_dev *pdev)
 {
-	resource_size_t start, len;
 	int ret;
 
 	ret = pcim_enable_device(pdev);
@@ -645,39 +811,92 @@ static int perfq_map_bar(struct pci_dev *pdev, void **base)
 		dev_err(&pdev->dev, "cannot enable the device: %d\n", ret);
 		return ret;
 	}
-	start = pci_resource_start(pdev, perfq_bar);
-	len = pci_resource_len(pdev, perfq_bar);
-	if (!(pci_resource_flags(pdev, perfq_bar) & IORESOURCE_MEM) || len < PAGE_SIZE) {
+	if (!(pci_resource_flags(pdev, perfq_bar) & IORESOURCE_MEM) ||
+	    pci_resource_len(pdev, perfq_bar) < PAGE_SIZE) {
 		dev_err(&pdev->dev, "BAR %d is not a memory BAR of at least one page; device refused\n",
 			perfq_bar);
 		return -ENODEV;
 	}
-	/* Managed: released on unbind because the device was pcim-enabled. */
+#if LINUX_VERSION_CODE >= KERNEL_VERSION(6, 11, 0)
+	ret = pcim_request_region(pdev, perfq_bar, PERFQ_NAME);
+#else
+	/* Before 6.11 this is managed because the device is pcim-enabled. */
 	ret = pci_request_region(pdev, perfq_bar, PERFQ_NAME);
-	if (ret) {
+#endif
+	if (ret)
 		dev_err(&pdev->dev, "BAR %d is busy: %d\n", perfq_bar, ret);
-		return ret;
+	return ret;
+}
+
+/*
+ * A private copy of the region header, read through a temporary uncached
+ * mapping of its page(s), magic first.
+ */
+static int perfq_read_header(struct pci_dev *pdev, struct perfq_region_header *hdr)
+{
+	resource_size_t len = PAGE_ALIGN(sizeof(*hdr));
+	void __iomem *va;
+
+	va = devm_ioremap(&pdev->dev, pci_resource_start(pdev, perfq_bar), len);
+	if (!va) {
+		dev_err(&pdev->dev, "cannot map BAR %d's first page\n", perfq_bar);
+		return -ENOMEM;
 	}
-	*base = devm_memremap(&pdev->dev, start, len, MEMREMAP_WB);
-	if (IS_ERR(*base)) {
-		dev_err(&pdev->dev, "cannot map BAR %d: %ld\n", perfq_bar, PTR_ERR(*base));
-		return PTR_ERR(*base);
-	}
+	/* The device writes the magic last; readq orders the loads after it. */
+	hdr->magic = readq(va);
+	memcpy_fromio((u8 *)hdr + sizeof(hdr->magic), va + sizeof(hdr->magic),
+		      sizeof(*hdr) - sizeof(hdr->magic));
+	devm_iounmap(&pdev->dev, va);
 	return 0;
 }
 
-/* A private copy of the region header at base, magic first. */
-static void perfq_read_header(const void *base, struct perfq_region_header *hdr)
+/*
+ * Maps the region in runs of pages of one caching (perfq_page_caching());
+ * each mapping also fixes the memory type of the user mappings of its
+ * pages.  Managed; returns the number of mappings.
+ */
+static int perfq_map_region(struct pci_dev *pdev, const struct perfq_region_header *h,
+			    bool system_memory, struct perfq_map *maps)
 {
-	/* Pairs with the device's store-release of the magic (written last). */
-	hdr->magic = smp_load_acquire((const u64 *)base);
-	memcpy((u8 *)hdr + sizeof(hdr->magic), (const u8 *)base + sizeof(hdr->magic),
-	       sizeof(*hdr) - sizeof(hdr->magic));
+	phys_addr_t start = pci_resource_start(pdev, perfq_bar);
+	u64 end = PAGE_ALIGN(h->region_size);
+	u64 off, next;
+	int n = 0;
+
+	for (off = 0; off < end; off = next) {
+		enum perfq_caching c = perfq_page_caching(h, system_memory, off);
+		struct perfq_map *m;
+		void *wb;
+
+		next = off + PAGE_SIZE;
+		while (next < end && perfq_page_caching(h, system_memory, next) == c)
+			next += PAGE_SIZE;
+		if (WARN_ON_ONCE(n == PERFQ_MAX_MAPS))
+			return -EINVAL;
+		m = &maps[n++];
+		m->off = off;
+		m->len = next - off;
+		m->caching = c;
+		if (c == PERFQ_WRITE_BACK) {
+			wb = devm_memremap(&pdev->dev, start + off, m->len, MEMREMAP_WB);
+			/* RAM behind a BAR; read with the MMIO accessors like the rest. */
+			m->va = IS_ERR(wb) ? NULL : (void __force __iomem *)wb;
+		} else {
+			m->va = devm_ioremap(&pdev->dev, start + off, m->len);
+		}
+		if (!m->va) {
+			dev_err(&pdev->dev, "cannot map region bytes [%llu, %llu) %s\n", off, next,
+				perfq_caching_name(c));
+			return -ENOMEM;
+		}
+	}
+	return n;
 }
 
-/* A perfq_dev for the mapped, validated BAR, with its minor; not yet visible. */
-static struct perfq_dev *perfq_alloc_dev(struct pci_dev *pdev, void *base,
-					 const struct perfq_region_header *hdr)
+/* A perfq_dev for the validated header and its mappings, with its minor; not yet visible. */
+static struct perfq_dev *perfq_alloc_dev(struct pci_dev *pdev,
+					 const struct perfq_region_header *hdr,
+					 const struct perfq_map *maps, int nr_maps)
 {
 	struct perfq_dev *pd;
 	int ret;
@@ -693,11 +912,15 @@ static struct perfq_dev *perfq_alloc_dev(struct pci_dev *pdev, void *base,
 	}
 	pd->minor = ret;
 	pd->pdev = pdev;
-	pd->base = base;
 	pd->bar_start = pci_resource_start(pdev, perfq_bar);
 	pd->bar_len = pci_resource_len(pdev, perfq_bar);
 	pd->hdr = *hdr;
+	memcpy(pd->maps, maps, nr_maps * sizeof(*maps));
+	pd->nr_maps = nr_maps;
+	pd->timer = perfq_region_addr(pd, hdr->sections[PERFQ_SECTION_TIMER].offset);
+	pd->host_ctrl = perfq_region_addr(pd, hdr->sections[PERFQ_SECTION_HOST_CTRL].offset);
 	init_rwsem(&pd->lock);
+	init_waitqueue_head(&pd->gone_wait);
 	mutex_init(&pd->clock_lock);
 	mutex_init(&pd->open_lock);
 	perfq_read_link(pd);
@@ -736,12 +959,22 @@ err_put:
 	return ret;
 }
 
+/* Is the region system memory: the module parameter, or else the header's word. */
+static bool perfq_is_system_memory(const struct perfq_region_header *hdr, bool *from_header)
+{
+	*from_header = perfq_system_memory < 0;
+	if (*from_header)
+		return hdr->features & PERFQ_FEAT_SYSTEM_MEMORY;
+	return perfq_system_memory > 0;
+}
+
 static int perfq_probe(struct pci_dev *pdev, const struct pci_device_id *id)
 {
+	struct perfq_map maps[PERFQ_MAX_MAPS];
 	struct perfq_region_header hdr;
 	struct perfq_dev *pd;
-	void *base;
-	int ret;
+	bool system_memory, from_header;
+	int nr_maps, ret;
 
 	BUILD_BUG_ON(sizeof(struct perfq_region_header) != 384);
 	BUILD_BUG_ON(sizeof(struct perfq_ioc_info) != 376);
@@ -752,24 +985,35 @@ static int perfq_probe(struct pci_dev *pdev, const struct pci_device_id *id)
 		dev_err(&pdev->dev, "module parameter bar=%d is not a BAR number\n", perfq_bar);
 		return -EINVAL;
 	}
-	ret = perfq_map_bar(pdev, &base);
+	ret = perfq_claim_bar(pdev);
 	if (ret)
 		return ret;
-	perfq_read_header(base, &hdr);
+	ret = perfq_read_header(pdev, &hdr);
+	if (ret)
+		return ret;
 	ret = perfq_validate_header(&pdev->dev, &hdr, pci_resource_len(pdev, perfq_bar));
 	if (ret)
 		return ret;
+	system_memory = perfq_is_system_memory(&hdr, &from_header);
+	nr_maps = perfq_map_region(pdev, &hdr, system_memory, maps);
+	if (nr_maps < 0)
+		return nr_maps;
 
-	pd = perfq_alloc_dev(pdev, base, &hdr);
+	pd = perfq_alloc_dev(pdev, &hdr, maps, nr_maps);
 	if (IS_ERR(pd))
 		return PTR_ERR(pd);
+	pd->system_memory = system_memory;
+	pd->memory_from_header = from_header;
 	ret = perfq_add_dev(pd);
 	if (ret)
 		return ret;
 	pci_set_drvdata(pdev, pd);
-	dev_info(&pdev->dev, "%s: device '%s', region %llu bytes in BAR %d (%llu bytes), ring %llu records, abi %u\n",
+	dev_info(&pdev->dev, "%s: device '%s', region %llu bytes in BAR %d (%llu bytes), ring %llu records, abi %u, %s memory (%s): %s, timer page uncached\n",
 		 dev_name(&pd->dev), (const char *)hdr.device_name, hdr.region_size, perfq_bar,
-		 pd->bar_len, hdr.ring_capacity, hdr.abi_version);
+		 pd->bar_len, hdr.ring_capacity, hdr.abi_version,
+		 system_memory ? "system" : "device",
+		 from_header ? "region header" : "module parameter",
+		 perfq_caching_name(system_memory ? PERFQ_WRITE_BACK : PERFQ_UNCACHED));
 	return 0;
 }
 
@@ -777,12 +1021,19 @@ static void perfq_remove(struct pci_dev *pdev)
 {
 	struct perfq_dev *pd = pci_get_drvdata(pdev);
 	struct inode *inode;
+	ktime_t t0 = ktime_get();
 
 	cdev_device_del(&pd->cdev, &pd->dev);
 
-	/* No ioctl, fault or sysfs read is inside once we hold the lock. */
+	/*
+	 * A sync round in progress sees `gone` inside its timer read or when
+	 * its pause is woken, and ends; nothing sleeps holding pd->lock, so
+	 * the down_write waits at most for one read.  No ioctl, fault or
+	 * sysfs read touches the mappings once we held it.
+	 */
+	WRITE_ONCE(pd->gone, true);
+	wake_up_all(&pd->gone_wait);
 	down_write(&pd->lock);
-	pd->gone = true;
 	up_write(&pd->lock);
 
 	mutex_lock(&pd->open_lock);
@@ -792,8 +1043,8 @@ static void perfq_remove(struct pci_dev *pdev)
 	if (inode)
 		unmap_mapping_range(inode->i_mapping, 0, 0, 1);
 
-	dev_info(&pdev->dev, "%s removed: user mappings revoked, ioctls now return -ENODEV\n",
-		 dev_name(&pd->dev));
+	dev_info(&pdev->dev, "%s removed in %lld us: user mappings revoked, ioctls now return -ENODEV\n",
+		 dev_name(&pd->dev), ktime_us_delta(ktime_get(), t0));
 	pci_set_drvdata(pdev, NULL);
 	put_device(&pd->dev);
 }

@@ -5,15 +5,16 @@
 #   - an initramfs: busybox-static, the module, the helper, the project's
 #     binaries from BUILD/bin with their shared libraries (found with ldd:
 #     libpci.so.3 among them) and pci.ids
-# Usage: qemu/build-guest.sh [BUILD_DIR]     (default: build)
-# Outputs under BUILD_DIR: driver/perfq.ko, qemu/initramfs.cpio, qemu/kernel
+# Usage: qemu/build-guest.sh [BUILD_DIR [KVER]]   (default: build, the newest
+#        installed kernel with headers; qemu/run-scenarios.py picks each series)
+# Outputs under BUILD_DIR/qemu/guest-KVER: driver/perfq.ko, initramfs.cpio, kernel
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 BUILD=$(realpath -m "${1:-$ROOT/build}")
-OUT=$BUILD/qemu
+KVER=${2:-$(make -s -C "$ROOT/driver" kver)}
+OUT=$BUILD/qemu/guest-$KVER
 mkdir -p "$OUT"
 
-KVER=$(make -s -C "$ROOT/driver" kver)
 if [ -z "$KVER" ] || [ ! -r "/boot/vmlinuz-$KVER" ]; then
   echo "perfq qemu: no guest kernel with headers (install linux-image-amd64 linux-headers-amd64)" >&2
   exit 1
@@ -23,7 +24,7 @@ for tool in busybox cpio gcc; do
 done
 
 # The module: zero warnings (Kbuild passes -Werror).
-make -s -C "$ROOT/driver" O_DIR="$BUILD/driver" KVER="$KVER" >"$OUT/driver-build.log" 2>&1 || {
+make -s -C "$ROOT/driver" O_DIR="$OUT/driver" KVER="$KVER" >"$OUT/driver-build.log" 2>&1 || {
   cat "$OUT/driver-build.log" >&2; exit 1; }
 if grep -qi 'warning:' "$OUT/driver-build.log"; then
   cat "$OUT/driver-build.log" >&2; echo "perfq qemu: the module built with warnings" >&2; exit 1
@@ -36,7 +37,7 @@ root=$OUT/root
 rm -rf "$root"
 mkdir -p "$root"/{bin,dev,proc,sys,tmp,run,etc,lib/modules,scenarios}
 cp /bin/busybox "$root/bin/busybox"
-cp "$BUILD/driver/perfq.ko" "$root/lib/modules/perfq.ko"
+cp "$OUT/driver/perfq.ko" "$root/lib/modules/perfq.ko"
 cp "$OUT/perfq-guest" "$root/bin/perfq-guest"
 cp "$ROOT/qemu/guest/init" "$root/init"
 cp "$ROOT/qemu/guest/scenarios/"*.sh "$root/scenarios/"

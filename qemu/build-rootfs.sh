@@ -35,13 +35,24 @@ command -v debootstrap >/dev/null || die "debootstrap missing (scripts/deps.sh i
 SUITE=bookworm
 
 # The host's Debian kernel: the guest gets the very same package version.
-KVER=$(make -s -C "$ROOT/driver" kver)
+# PERFQ_ROOTFS_KVER (run-scenarios.py sets it for each guest kernel), by
+# default the newest 6.1, Debian 12's own.
+KVER=${PERFQ_ROOTFS_KVER:-$(make -s -C "$ROOT/driver" kver KSERIES=6.1)}
 [ -n "$KVER" ] && [ -r "/boot/vmlinuz-$KVER" ] ||
   die "no Debian kernel on the host (install linux-image-amd64 linux-headers-amd64)"
 kver_of() { dpkg-query -W -f='${Version}' "$1" 2>/dev/null || true; }
 KPKGVER=$(kver_of "linux-image-$KVER")
-META=$(kver_of linux-image-amd64)
-[ -n "$KPKGVER" ] && [ -n "$META" ] || die "linux-image-$KVER / linux-image-amd64 not installed"
+# The series' meta packages (linux-image-amd64 for 6.1, linux-image-6.12-amd64
+# for 6.12): the installed one that depends on this very kernel.
+FLAVOUR=
+for m in amd64 6.12-amd64; do
+  if dpkg-query -W -f='${Depends}' "linux-image-$m" 2>/dev/null | grep -q "linux-image-$KVER "; then
+    FLAVOUR=$m
+  fi
+done
+META=$([ -n "$FLAVOUR" ] && kver_of "linux-image-$FLAVOUR")
+[ -n "$KPKGVER" ] && [ -n "$META" ] ||
+  die "linux-image-$KVER, or the meta package that depends on it, is not installed"
 [ "$(kver_of "linux-headers-$KVER")" = "$KPKGVER" ] ||
   die "linux-headers-$KVER $KPKGVER not installed on the host"
 
@@ -75,7 +86,7 @@ BASE=(systemd systemd-sysv udev dbus kmod procps coreutils initramfs-tools)
 # binaries link (ldd perfq-daemon perfqctl perfq-demo-app, mapped with
 # dpkg -S), pci.ids for the device names.
 EXTRA=("linux-image-$KVER=$KPKGVER" "linux-headers-$KVER=$KPKGVER"
-       "linux-image-amd64=$META" "linux-headers-amd64=$META"
+       "linux-image-$FLAVOUR=$META" "linux-headers-$FLAVOUR=$META"
        dkms gcc make libc6-dev
        libstdc++6 libgcc-s1 libsystemd0 libudev1 libzstd1 libpci3 pci.ids
        libbpf1 libelf1 libfmt9 libspdlog1.10 libgcrypt20 liblz4-1 libcap2

@@ -3,7 +3,7 @@
 device (perfq-devsim) outside the guest on the region file behind an
 ivshmem-plain device.
 
-  qemu/run-scenarios.py [--build DIR] [--results FILE] [SCENARIO...]
+  qemu/run-scenarios.py [--build DIR] [--results FILE] [--kernel KVER]... [SCENARIO...]
   qemu/run-scenarios.py --shell          boot the guest interactively
   qemu/run-scenarios.py --build DIR systemd [--debs FILE...]
                                          Debian 12 with systemd as PID 1 from
@@ -12,8 +12,12 @@ ivshmem-plain device.
 Each scenario boots its own guest (TCG; PERFQ_QEMU_ACCEL=kvm to try KVM)
 under `timeout`, waits for markers on the serial console, does what the
 guest asks of the host (stop the device, unplug it over QMP), and checks
-what came back.  The results file gets one "PASS name" / "FAIL name" line
-per scenario; the last line printed is "qemu: N passed, M failed".
+what came back.  Every scenario runs once per guest kernel: the newest
+installed kernel (with headers) of each supported series, Debian 12's 6.1
+and 6.12, or those named with --kernel (the systemd scenario's rootfs is
+built for that kernel).  The results file gets one
+"PASS name@KVER" / "FAIL name@KVER" line per run; the last line printed is
+"qemu: N passed, M failed".
 """
 import argparse
 import base64
@@ -29,7 +33,9 @@ import threading
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SCENARIOS = ["load", "badinput", "e2e", "unplug"]
+SCENARIOS = ["load", "badinput", "e2e", "unplug", "unplug-sync"]
+# The guest kernels: the newest installed kernel of each series.
+KERNEL_SERIES = ["6.1", "6.12"]
 # Scenarios that boot a Debian disk image (qemu/build-rootfs.sh) with systemd
 # as PID 1 instead of the busybox initramfs (qemu/build-guest.sh); run only
 # when named.
@@ -117,13 +123,36 @@ class Qmp:
                 self.events.append(r)
 
 
+def newest_kernel(series=""):
+    """driver/Makefile's choice: the newest installed kernel (of a series)
+    with a bootable image and headers; "" when there is none."""
+    r = subprocess.run(["make", "-s", "-C", os.path.join(ROOT, "driver"), "kver",
+                        f"KSERIES={series}"], capture_output=True, text=True)
+    return r.stdout.strip()
+
+
+def default_kernels():
+    """The newest installed kernel of each supported series."""
+    picked = []
+    for series in KERNEL_SERIES:
+        kver = newest_kernel(series)
+        if kver:
+            picked.append(kver)
+        else:
+            log(f"no {series} kernel with headers installed: its runs are skipped "
+                f"(scripts/deps.sh installs it)")
+    return picked or [k for k in [newest_kernel()] if k]
+
+
 class Run:
-    def __init__(self, args, name):
+    def __init__(self, args, name, kver=None):
         self.args = args
         self.name = name
+        self.kver = kver
         self.bindir = os.path.join(args.build, "bin")
         self.qdir = os.path.join(args.build, "qemu")
-        self.dir = os.path.join(self.qdir, "run", name)
+        self.gdir = os.path.join(self.qdir, f"guest-{kver}") if kver else self.qdir
+        self.dir = os.path.join(self.qdir, "run", f"{name}@{kver}" if kver else name)
         unmount_under(self.dir)
         shutil.rmtree(self.dir, ignore_errors=True)
         os.makedirs(self.dir)
@@ -194,10 +223,10 @@ class Run:
         build-guest.sh; kernel/initrd/memory/disk (a raw image, virtio-blk)
         for the disk image scenarios."""
         if kernel is None:
-            with open(os.path.join(self.qdir, "kernel")) as f:
+            with open(os.path.join(self.gdir, "kernel")) as f:
                 kernel = f.read().strip()
         if initrd is None:
-            initrd = os.path.join(self.qdir, "initramfs.cpio")
+            initrd = os.path.join(self.gdir, "initramfs.cpio")
         accel = os.environ.get("PERFQ_QEMU_ACCEL", "tcg")
         cmd = ["qemu-system-x86_64", "-machine", f"q35,accel={accel}", "-m", memory,
                "-smp", os.environ.get("PERFQ_QEMU_SMP", "2"), "-no-reboot",
@@ -521,7 +550,10 @@ def prepare_image(run, args):
     cmd = [os.path.join(ROOT, "qemu", "build-rootfs.sh")]
     if args.rootfs_cache:
         cmd += ["--cache", args.rootfs_cache]
-    r = subprocess.run(cmd, stdout=subprocess.PIPE, text=True)
+    env = dict(os.environ)
+    if run.kver:
+        env["PERFQ_ROOTFS_KVER"] = run.kver  # the rootfs of this guest kernel
+    r = subprocess.run(cmd, stdout=subprocess.PIPE, text=True, env=env)
     lines = r.stdout.strip().splitlines()
     if not run.check(r.returncode == 0 and lines, "the cached Debian rootfs (qemu/build-rootfs.sh)"):
         return None
@@ -648,16 +680,16 @@ def run_systemd(run, args, timeout):
               f"nothing lost: {json.dumps(lost)[:200]}")
 
 
-def run_scenario(args, name):
-    run = Run(args, name)
-    log(f"--- scenario {name}")
+def run_scenario(args, name, kver=None):
+    run = Run(args, name, kver)
+    log(f"--- scenario {name}" + (f" on {kver}" if kver else ""))
     timeout = args.timeout or DEFAULT_TIMEOUT.get(name, 90)
     try:
         if name == "systemd":
             run_systemd(run, args, timeout)
-            return finish_scenario(run, name)
+            return finish_scenario(run, f"{name}@{kver}" if kver else name)
         regions = []
-        if name in ("load", "badinput", "e2e", "unplug"):
+        if name in ("load", "badinput", "e2e", "unplug", "unplug-sync"):
             run.make_region(run.shm)
             run.start_devsim(run.shm, wait_host=name == "e2e")
             regions.append(run.shm)
@@ -697,7 +729,7 @@ def run_scenario(args, name):
         run.check(False, f"runner error: {e!r}")
     finally:
         run.cleanup()
-    return finish_scenario(run, name)
+    return finish_scenario(run, f"{name}@{kver}" if kver else name)
 
 
 def finish_scenario(run, name):
@@ -719,6 +751,9 @@ def main():
                     help="systemd scenario: .deb files to dpkg -i into the guest\n"
                          "(name the scenarios before --debs, or end the list with --)")
     ap.add_argument("--rootfs-cache", help="systemd scenario: build-rootfs.sh --cache DIR")
+    ap.add_argument("--kernel", action="append", default=[], metavar="KVER",
+                    help="guest kernel (an installed version with headers; repeat for more);\n"
+                         "default: the newest of each series " + ", ".join(KERNEL_SERIES))
     ap.add_argument("scenarios", nargs="*", default=SCENARIOS)
     args = ap.parse_args()
     args.build = os.path.abspath(args.build)
@@ -730,18 +765,20 @@ def main():
     # The busybox guest (perfq.ko, initramfs) only for the scenarios that boot it.
     need_guest = args.shell or any(s not in IMAGE_SCENARIOS for s in args.scenarios)
 
+    kernels = args.kernel or default_kernels()
     if not args.no_build and need_guest:
-        r = subprocess.run([os.path.join(ROOT, "qemu", "build-guest.sh"), args.build])
-        if r.returncode != 0:
-            log("building the guest failed")
-            if args.results:
-                with open(args.results, "w") as f:
-                    f.writelines(f"FAIL {s}\n" for s in args.scenarios)
-            print(f"qemu: 0 passed, {len(args.scenarios)} failed")
-            return 1
+        for kver in kernels:
+            r = subprocess.run([os.path.join(ROOT, "qemu", "build-guest.sh"), args.build, kver])
+            if r.returncode != 0:
+                log(f"building the guest for {kver} failed")
+                if args.results:
+                    with open(args.results, "w") as f:
+                        f.writelines(f"FAIL {s}\n" for s in args.scenarios)
+                print(f"qemu: 0 passed, {len(args.scenarios)} failed")
+                return 1
 
     if args.shell:
-        run = Run(args, "shell")
+        run = Run(args, "shell", kernels[-1])
         run.make_region(run.shm)
         run.start_devsim(run.shm)
         try:
@@ -751,7 +788,9 @@ def main():
         return 0
 
     t0 = time.monotonic()
-    results = [(s, run_scenario(args, s)) for s in args.scenarios]
+    results = []
+    for s in args.scenarios:
+        results += [(f"{s}@{k}", run_scenario(args, s, k)) for k in kernels]
     passed = sum(1 for _, ok in results if ok)
     if args.results:
         os.makedirs(os.path.dirname(os.path.abspath(args.results)), exist_ok=True)

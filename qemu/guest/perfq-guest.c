@@ -9,6 +9,8 @@
  *   perfq-guest fuzz DEV ITERATIONS SEED    random ioctls and mmaps
  *   perfq-guest wait-state DEV STATE SECS   wait for host_ctrl.device_state == STATE
  *   perfq-guest hold DEV SECS               map the region, touch it until SIGBUS
+ *   perfq-guest sync-until-gone DEV SECS    clock-sample rounds on a silent device
+ *                                           until one ends with ENODEV (removal)
  *   perfq-guest exit CODE                   isa-debug-exit (port 0xf4)
  *
  * Output: one line per check, "ok: ..." or "FAIL: ..."; the exit status is
@@ -96,6 +98,14 @@ static int cmd_info(const char *dev)
 	return 0;
 }
 
+static double ms_since(const struct timespec *t0)
+{
+	struct timespec t;
+
+	clock_gettime(CLOCK_MONOTONIC, &t);
+	return (double)(t.tv_sec - t0->tv_sec) * 1e3 + (double)(t.tv_nsec - t0->tv_nsec) / 1e6;
+}
+
 static int cmp_u64(const void *a, const void *b)
 {
 	uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
@@ -103,36 +113,79 @@ static int cmp_u64(const void *a, const void *b)
 	return x < y ? -1 : x > y;
 }
 
+/*
+ * Why a timer read timed out, from the timer page: the last request the
+ * device answered against the last one asked, and the window.
+ */
+static void print_timer_cause(int fd, const struct perfq_ioc_info *info)
+{
+	const struct perfq_section *sec = &info->sections[PERFQ_SECTION_TIMER];
+	const volatile struct perfq_timer_page *t;
+	unsigned long long req, resp;
+	void *p;
+
+	p = mmap(NULL, sec->size, PROT_READ, MAP_SHARED, fd, (off_t)sec->offset);
+	if (p == MAP_FAILED) {
+		fprintf(stderr, "perfq-guest: cause unknown: mapping the timer page: %s\n",
+			strerror(errno));
+		return;
+	}
+	t = p;
+	req = t->req_tag;
+	resp = t->resp_tag;
+	if (resp == req)
+		fprintf(stderr, "perfq-guest: cause: the device answered request %llu after the reader gave up: it was late, not absent (window %u)\n",
+			req, t->window);
+	else
+		fprintf(stderr, "perfq-guest: cause: the device did not answer request %llu (it last answered %llu; window %u): it was not running\n",
+			req, resp, t->window);
+	munmap(p, sec->size);
+}
+
+/*
+ * reps rounds of n clock samples, from sync round `round` on.  A round that
+ * times out after PERFQ_IOC_ROUND_MIN_SAMPLES samples is kept short, as
+ * perfq-daemon keeps it (and counted); one with fewer fails, with its cause.
+ */
 static int cmd_clock(const char *dev, unsigned n, unsigned round, unsigned reps)
 {
 	static struct perfq_ioc_clock_samples req;
 	static uint64_t widths[PERFQ_SYNC_MAX_SAMPLES * 64];
-	unsigned total = 0, r, i, bad = 0;
+	unsigned total = 0, r, i, bad = 0, shorts = 0;
+	unsigned enough = n < PERFQ_IOC_ROUND_MIN_SAMPLES ? n : PERFQ_IOC_ROUND_MIN_SAMPLES;
+	struct perfq_ioc_info info;
 	int fd = open_dev(dev);
 
+	if (get_info(fd, &info)) {
+		fprintf(stderr, "perfq-guest: PERFQ_IOC_INFO: %s\n", strerror(errno));
+		return 1;
+	}
 	if (reps == 0 || reps > 64)
 		reps = 1;
 	for (r = 0; r < reps; r++) {
+		struct timespec t0;
+
 		memset(&req, 0, sizeof(req));
 		req.size = sizeof(req);
 		req.n = n;
 		req.round = round + r;
 		req.timeout_ns = PERFQ_IOC_TIMEOUT_MAX_NS;
-		struct timespec t0, t1;
-
 		clock_gettime(CLOCK_MONOTONIC, &t0);
 		if (ioctl(fd, PERFQ_IOC_CLOCK_SAMPLES, &req)) {
 			int e = errno;
 
-			clock_gettime(CLOCK_MONOTONIC, &t1);
 			fprintf(stderr,
 				"perfq-guest: PERFQ_IOC_CLOCK_SAMPLES round %u (%u of %u): %s after %.1f ms (count %u)\n",
-				req.round, r + 1, reps, strerror(e),
-				(double)(t1.tv_sec - t0.tv_sec) * 1e3 + (double)(t1.tv_nsec - t0.tv_nsec) / 1e6,
-				req.count);
-			return 1;
+				req.round, r + 1, reps, strerror(e), ms_since(&t0), req.count);
+			if (e == ETIMEDOUT)
+				print_timer_cause(fd, &info);
+			if (e != ETIMEDOUT || req.count < enough)
+				return 1;
+			shorts++;
+		} else if (req.count != n) {
+			bad++;
 		}
-		if (req.count != n || req.version != PERFQ_IOC_VERSION)
+		if (req.version != PERFQ_IOC_VERSION)
 			bad++;
 		for (i = 0; i < req.count; i++) {
 			const struct perfq_clock_sample *s = &req.samples[i];
@@ -143,9 +196,10 @@ static int cmd_clock(const char *dev, unsigned n, unsigned round, unsigned reps)
 		}
 	}
 	qsort(widths, total, sizeof(widths[0]), cmp_u64);
-	printf("clock: samples=%u bad=%u bracket_ns min=%llu p50=%llu p90=%llu max=%llu\n", total,
-	       bad, (unsigned long long)widths[0], (unsigned long long)widths[total / 2],
-	       (unsigned long long)widths[total * 9 / 10], (unsigned long long)widths[total - 1]);
+	printf("clock: samples=%u bad=%u short_rounds=%u bracket_ns min=%llu p50=%llu p90=%llu max=%llu\n",
+	       total, bad, shorts, (unsigned long long)widths[0],
+	       (unsigned long long)widths[total / 2], (unsigned long long)widths[total * 9 / 10],
+	       (unsigned long long)widths[total - 1]);
 	close(fd);
 	return bad ? 1 : 0;
 }
@@ -539,6 +593,50 @@ static int cmd_hold(const char *dev, double secs)
 	return failures ? 1 : 0;
 }
 
+/*
+ * Rounds of PERFQ_IOC_CLOCK_SAMPLES against a device that does not answer,
+ * back to back, until one ends with ENODEV: the device was removed while
+ * the ioctl waited.  Exit 0 then, 1 on any other error or after secs.
+ */
+static int cmd_sync_until_gone(const char *dev, double secs)
+{
+	static struct perfq_ioc_clock_samples req;
+	struct timespec start, t0;
+	unsigned round = 1000, timeouts = 0;
+	int fd = open_dev(dev);
+
+	clock_gettime(CLOCK_MONOTONIC, &start);
+	printf("sync: waiting in PERFQ_IOC_CLOCK_SAMPLES for the silent device\n");
+	while (ms_since(&start) < secs * 1e3) {
+		memset(&req, 0, sizeof(req));
+		req.size = sizeof(req);
+		req.n = PERFQ_SYNC_MAX_SAMPLES;
+		req.round = round++;
+		req.timeout_ns = PERFQ_IOC_TIMEOUT_MAX_NS;
+		clock_gettime(CLOCK_MONOTONIC, &t0);
+		if (ioctl(fd, PERFQ_IOC_CLOCK_SAMPLES, &req) == 0) {
+			printf("sync: round %u answered (%u samples): the device is not silent\n",
+			       req.round, req.count);
+			continue;
+		}
+		if (errno == ETIMEDOUT) {
+			timeouts++;
+			continue;
+		}
+		if (errno == ENODEV) {
+			printf("ok: the ioctl waiting %.1f ms for the silent device ended with ENODEV (after %u timed-out rounds)\n",
+			       ms_since(&t0), timeouts);
+			close(fd);
+			return 0;
+		}
+		printf("FAIL: PERFQ_IOC_CLOCK_SAMPLES round %u: %s after %.1f ms\n", req.round,
+		       strerror(errno), ms_since(&t0));
+		return 1;
+	}
+	printf("FAIL: no ENODEV within %.0f s (%u timed-out rounds)\n", secs, timeouts);
+	return 1;
+}
+
 static int cmd_exit(int code)
 {
 	if (ioperm(0xf4, 1, 1)) {
@@ -565,8 +663,10 @@ int main(int argc, char **argv)
 		return cmd_wait_state(argv[2], (unsigned)atoi(argv[3]), atof(argv[4]));
 	if (argc >= 4 && !strcmp(argv[1], "hold"))
 		return cmd_hold(argv[2], atof(argv[3]));
+	if (argc >= 4 && !strcmp(argv[1], "sync-until-gone"))
+		return cmd_sync_until_gone(argv[2], atof(argv[3]));
 	if (argc >= 3 && !strcmp(argv[1], "exit"))
 		return cmd_exit(atoi(argv[2]));
-	fprintf(stderr, "usage: perfq-guest info|clock|badinput|fuzz|wait-state|hold|exit ...\n");
+	fprintf(stderr, "usage: perfq-guest info|clock|badinput|fuzz|wait-state|hold|sync-until-gone|exit ...\n");
 	return 2;
 }

@@ -106,8 +106,17 @@ extern "C" {
 #define PERFQ_FEAT_SYNC_MODE_B (1ULL << 1)   /* device can convert times itself (mode B) */
 #define PERFQ_FEAT_JOB_QUEUE (1ULL << 2)     /* application area holds the job queue */
 #define PERFQ_FEAT_DEVICE_NOW (1ULL << 3)    /* the collector posts host_ctrl.device_now */
+/*
+ * The region is system memory (a BAR backed by host RAM, as QEMU's ivshmem
+ * with a file behind it): the host may map it write-back.  Without this bit
+ * the region is device memory: the host maps the ring (and dictionary)
+ * write-combining at most and every other page uncached.  The timer page is
+ * uncached either way.
+ */
+#define PERFQ_FEAT_SYSTEM_MEMORY (1ULL << 4)
 #define PERFQ_FEAT_ALL \
-	(PERFQ_FEAT_TIMER_REQRESP | PERFQ_FEAT_SYNC_MODE_B | PERFQ_FEAT_JOB_QUEUE | PERFQ_FEAT_DEVICE_NOW)
+	(PERFQ_FEAT_TIMER_REQRESP | PERFQ_FEAT_SYNC_MODE_B | PERFQ_FEAT_JOB_QUEUE | \
+	 PERFQ_FEAT_DEVICE_NOW | PERFQ_FEAT_SYSTEM_MEMORY)
 
 /* Bounds a reader enforces on the geometry. */
 #define PERFQ_RING_CAPACITY_MIN 2ULL

@@ -47,6 +47,13 @@ extern "C" {
 #define PERFQ_PCI_ADDR_LEN 32u
 #define PERFQ_IOC_TIMEOUT_DEFAULT_NS 2000000ULL /* per register read */
 #define PERFQ_IOC_TIMEOUT_MAX_NS 10000000ULL    /* interrupts are off meanwhile */
+/*
+ * A round that ends with -ETIMEDOUT after at least this many samples (or n,
+ * if fewer were asked) is kept by its reader with the samples it has: a
+ * round needs only its best few, so a device away for a while costs the
+ * round its tail, not the round.  perfq-daemon and perfq-guest both do so.
+ */
+#define PERFQ_IOC_ROUND_MIN_SAMPLES 4u
 
 /* perfq_ioc_info.flags */
 #define PERFQ_INFO_LINK_OF_PORT (1u << 0) /* link fields are the nearest upstream PCIe port's */
@@ -81,7 +88,9 @@ struct perfq_ioc_info {
  * request/response exchange of perfq_timer_page, bounded by timeout_ns
  * (interrupts stay off for one read at most; a read that times out is
  * retried a few times with interrupts on).  Returns 0 with count == n, or
- * -ETIMEDOUT with count = the samples taken before the device went quiet.
+ * -ETIMEDOUT with count = the samples taken before the device went quiet;
+ * -EINTR when a signal arrives while it waits for the device, -ENODEV when
+ * the device is removed meanwhile (the round is cut short, never waited out).
  * A nonzero `round` opens the device's sync window for that round first
  * (and waits, interrupts on, for the device to answer) and closes it after.
  */

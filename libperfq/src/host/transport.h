@@ -25,6 +25,7 @@
 #include "core/mapping.h"
 #include "core/region.h"
 #include "perfq/perfq_abi.h"
+#include "perfq/perfq_ioctl.h"
 #include "perfq/status.h"
 
 namespace perfq {
@@ -48,7 +49,7 @@ class DeviceTransport {
   // fewer, the round fails with kTimeout.  Slow reads that each answer in
   // time are all kept: whether such a round is worth fitting is the sync
   // gate's choice (by delay), not the transport's.
-  static constexpr size_t kMinRoundSamples = 4;
+  static constexpr size_t kMinRoundSamples = PERFQ_IOC_ROUND_MIN_SAMPLES;
   virtual Result<std::vector<perfq_clock_sample>> clock_samples(
       uint32_t round, size_t n,
       std::chrono::microseconds timeout = std::chrono::milliseconds(50)) = 0;

@@ -15,10 +15,10 @@ wait_for() {
 # observes the effect itself (device state, removal).
 host() { echo "PERFQ-HOST $*"; }
 dmesg_clean() {
-  if dmesg | grep -E 'BUG|Oops|WARNING|refcount|Call Trace|general protection' >/tmp/dmesg-bad; then
+  if dmesg | grep -E 'BUG|Oops|WARNING|refcount|Call Trace|general protection|lockdep|possible circular locking|blocked for more than' >/tmp/dmesg-bad; then
     fail "dmesg has kernel errors:"; sed 's/^/  dmesg: /' /tmp/dmesg-bad; return 1
   fi
-  ok "dmesg has no BUG/Oops/WARNING/refcount"
+  ok "dmesg has no BUG/Oops/WARNING/refcount/lockdep splat"
 }
 insmod_perfq() {
   insmod /lib/modules/perfq.ko "$@" || { fail "insmod perfq.ko"; return 1; }
