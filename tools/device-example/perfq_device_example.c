@@ -9,6 +9,8 @@
  *   timer register R  the CPU's own counter (rdtime, cntvct_el0, rdtsc)
  *   device clock D    CLOCK_MONOTONIC_RAW plus an offset of 10^6 s
  *
+ * Sync mode A or B, as the host asks (in B the collector converts each
+ * record to host time before it crosses, with the SDK's model).
  * Workers record `tick` events at --rate each; with --jobs, two job workers
  * serve perfq-demo-app's job queue.  Until SIGINT/SIGTERM; then one JSON
  * line of accounting: emitted = delivered + dropped, per stream too.
@@ -199,6 +201,7 @@ struct device {
 	struct perfq_dev_queue *qp[MAX_WORKERS + JOB_WORKERS];
 	struct perfq_dev_delivery delivery[MAX_WORKERS + JOB_WORKERS];
 	struct perfq_dev_collector collector;
+	struct perfq_dev_mode_b mode_b;
 	struct perfq_dev_timer timer;
 	atomic_int go, stop_workers, stop_collector, stop_timer;
 	atomic_ullong jobs_done, timer_rounds;
@@ -370,7 +373,10 @@ static int map_region(struct device *dev)
 	struct perfq_dev_geometry g = {
 		.ring_capacity = 1u << 16, .dict_capacity = 64, .app_size = 256 * 1024,
 		.device_clock_hz = 1000000000u, .timer_hz = counter_hz(),
+		/* A file under /dev/shm is system memory; mode B: the device
+		 * converts its records when the host asks for it. */
 		.features = PERFQ_FEAT_TIMER_REQRESP | PERFQ_FEAT_DEVICE_NOW |
+			    PERFQ_FEAT_SYNC_MODE_B | PERFQ_FEAT_SYSTEM_MEMORY |
 			    (dev->o.jobs ? PERFQ_FEAT_JOB_QUEUE : 0),
 		.device_name = "perfq-device-example",
 	};
@@ -484,6 +490,13 @@ int main(int argc, char **argv)
 	}
 	perfq_dev_collector_init(&device.collector, device.base, &device.h, device.qp, device.delivery, device.nqueues,
 				 &port);
+	/* Mode B: the collector converts records to host time as they cross,
+	 * with the model it fits from the host's samples in the mailbox. */
+	perfq_dev_mode_b_init(&device.mode_b, device.base, &device.h);
+	perfq_dev_collector_set_converter(&device.collector,
+					  &(struct perfq_dev_converter){ perfq_dev_mode_b_poll,
+									 perfq_dev_mode_b_convert,
+									 &device.mode_b });
 	perfq_dev_timer_init(&device.timer, device.base, &device.h, &port);
 	pthread_create(&col, NULL, collector, &device);
 	pthread_create(&tim, NULL, timer_server, &device);

@@ -385,6 +385,229 @@ bool perfq_dev_jobq_can_complete(const struct perfq_dev_jobq *q, uint32_t ch);
 bool perfq_dev_jobq_complete(const struct perfq_dev_jobq *q, uint32_t ch,
 			     const struct perfq_job_completion *c);
 
+
+#ifndef PERFQ_DEVICE_NO_MODE_B
+/* ------------------------------------------------------------------ */
+/* Clock sync: the one implementation of the model, its fit and gate   */
+/*                                                                     */
+/* The host's daemon (libperfq's ClockSync, RoundGate, make_observation */
+/* are its C++ face) and a device in mode B run this same code on the   */
+/* same rounds, so the device converts with the model the host fits.    */
+/* Double arithmetic; sqrt is __builtin_sqrt (build with                */
+/* -fno-math-errno where the FPU has it).  See docs/sync.md.            */
+
+#define PERFQ_SYNC_WINDOW_MAX 128u /* observations in the online fit */
+#define PERFQ_SYNC_GATE_ROUNDS 64u
+#define PERFQ_SYNC_MIN_MODEL_ROUNDS 5u
+
+struct perfq_sync_rates {
+	uint64_t device_hz; /* D's nominal rate */
+	uint64_t timer_hz;  /* R's nominal rate */
+};
+
+/* One round reduced to a point: D and H at the same instant. */
+struct perfq_sync_obs {
+	uint64_t device_time;
+	uint64_t host_ns;
+	double uncertainty_ns; /* |error| <= this if every bracket is honest */
+	double host_delay_ns;  /* tightest host bracket */
+	double device_delay_ns;
+	uint32_t round;
+	uint16_t host_used;
+	uint16_t device_used;
+};
+
+struct perfq_sync_selection {
+	double margin_ns;     /* 50 */
+	double margin_frac;   /* 0.1 */
+	double outlier_k;     /* 5 */
+	bool average_scatter; /* true */
+	double rate_error;    /* 1e-3 */
+};
+
+/* host = host_ref + host_frac + (d - device_ref) * ns_per_tick */
+struct perfq_sync_line {
+	uint64_t device_ref;
+	uint64_t host_ref;
+	double host_frac;      /* [0, 1) */
+	double ns_per_tick;
+	double uncertainty_ns; /* ~3 sigma at device_ref */
+	double rate_sigma_ppb;
+	uint64_t valid_from_device;
+	uint32_t segment;
+	bool valid;
+};
+
+struct perfq_sync_config {
+	uint32_t window; /* 128, at most PERFQ_SYNC_WINDOW_MAX */
+	double reject_k, reject_floor_ns, sigma_floor_ns, prior_drift_ppm;
+	double step_min_ns, step_k, witness_k, max_uncertainty_ns;
+};
+
+struct perfq_sync_gate_config {
+	double floor_ns;	   /* 2000 */
+	double factor;		   /* 4 */
+	double contended_delay_ns; /* 20000 */
+};
+
+enum perfq_sync_verdict {
+	PERFQ_SYNC_ACCEPTED = 0,
+	PERFQ_SYNC_REJECTED = 1,
+	PERFQ_SYNC_OUTLIER = 2,
+	PERFQ_SYNC_STEP_PENDING = 3,
+	PERFQ_SYNC_NEW_SEGMENT = 4,
+	PERFQ_SYNC_INVALID = 5,
+};
+
+enum perfq_sync_observe_err {
+	PERFQ_SYNC_OBS_OK = 0,
+	PERFQ_SYNC_OBS_RATES = 1,     /* a rate is 0 or above PERFQ_CLOCK_HZ_MAX */
+	PERFQ_SYNC_OBS_NO_HOST = 2,   /* no usable host sample */
+	PERFQ_SYNC_OBS_NO_DEVICE = 3, /* no usable device sample */
+	PERFQ_SYNC_OBS_PAIRING = 4,   /* the two sides are not of one round */
+};
+
+/* Scratch for one sample of perfq_sync_observe() (no allocation). */
+struct perfq_sync_cand {
+	double delay_ns, at_ns, implied, a, b, w, tmp;
+	uint8_t ok;
+};
+
+void perfq_sync_default_selection(struct perfq_sync_selection *s);
+void perfq_sync_default_config(struct perfq_sync_config *c);
+void perfq_sync_default_gate_config(struct perfq_sync_gate_config *g);
+
+/* One round's host samples (H1, R2, H2) and device samples (R1, D, R1)
+ * -> one observation.  scratch: nh + nd candidates.  *gap_ns (may be NULL)
+ * gets the pairing distance for an error message. */
+int perfq_sync_observe(const struct perfq_clock_sample *host, uint32_t nh,
+		       const struct perfq_clock_sample *device, uint32_t nd,
+		       const struct perfq_sync_rates *rates, const struct perfq_sync_selection *sel,
+		       uint32_t round, struct perfq_sync_cand *scratch, struct perfq_sync_obs *out,
+		       double *gap_ns);
+/* The selection for the next round given the model (a clock measured far
+ * off its nominal rate widens rate_error to 1.5 x its drift). */
+struct perfq_sync_selection perfq_sync_selection_for(const struct perfq_sync_selection *base,
+						     const struct perfq_sync_line *m,
+						     const struct perfq_sync_rates *rates);
+
+/* The line's functions (see libperfq's ClockModel). */
+uint64_t perfq_sync_line_to_host(const struct perfq_sync_line *m, uint64_t d);
+double perfq_sync_line_distance_ns(const struct perfq_sync_line *m, uint64_t d);
+double perfq_sync_line_claim(const struct perfq_sync_line *m, uint64_t d);
+double perfq_sync_line_claim_newer(const struct perfq_sync_line *m, uint64_t d,
+				   const struct perfq_sync_line *newer);
+bool perfq_sync_line_settled_over(const struct perfq_sync_line *m, double dx_ns);
+bool perfq_sync_line_vouches(const struct perfq_sync_line *m, uint64_t d, double tight_ns);
+double perfq_sync_line_drift_ppb(const struct perfq_sync_line *m,
+				 const struct perfq_sync_rates *rates);
+void perfq_sync_line_to_abi(const struct perfq_sync_line *m, struct perfq_sync_model *out);
+
+/* The robust weighted fit (points relative to an origin). */
+struct perfq_sync_pt {
+	double x, y, w, u;
+	double r, tmp; /* scratch */
+	uint8_t in, next;
+};
+struct perfq_sync_fit {
+	double a, c, xbar, var_ybar, var_c, bias_c2, sigma;
+	uint32_t inliers;
+};
+void perfq_sync_robust_fit(struct perfq_sync_pt *p, uint32_t n, double prior_var,
+			   const struct perfq_sync_config *cfg, struct perfq_sync_fit *out);
+struct perfq_sync_pt perfq_sync_make_pt(const struct perfq_sync_obs *o, uint64_t d_o, uint64_t h_o,
+					double s0, const struct perfq_sync_config *cfg);
+void perfq_sync_knot_from(const struct perfq_sync_fit *f, const struct perfq_sync_obs *o, double s0,
+			  uint32_t segment, uint64_t valid_from, bool prior_measured,
+			  struct perfq_sync_line *out);
+/* max(floor, factor x the lower quartile of u[0..n)), reordering u. */
+double perfq_sync_gate_of(double *u, uint32_t n, const struct perfq_sync_gate_config *cfg);
+bool perfq_sync_usable(const struct perfq_sync_obs *o, const struct perfq_sync_config *cfg);
+/* Quickselect: the k-th smallest of p[0], p[stride], ... (reorders them). */
+double perfq_sync_select(double *p, uint32_t n, uint32_t stride, uint32_t k);
+
+/* The history of models, for a host that converts past times (NULL
+ * members: not kept, as on a device). */
+struct perfq_sync_history {
+	void (*open_segment)(void *ctx, uint32_t id, uint64_t valid_from);
+	void (*close_segment)(void *ctx, uint64_t valid_until); /* the current one */
+	void (*drop_segment)(void *ctx);			 /* the current one, replaced */
+	void (*knot)(void *ctx, const struct perfq_sync_line *m);
+	void (*observed)(void *ctx, uint64_t host_ns);
+	void *ctx;
+};
+
+/* The online tracker: the robust fit over a sliding window, steps and
+ * rate breaks.  Plain memory: one per device (about 20 KB). */
+struct perfq_sync_online {
+	struct perfq_sync_rates rates;
+	struct perfq_sync_config cfg;
+	struct perfq_sync_history hist;
+	struct perfq_sync_line current;
+	struct perfq_sync_obs window[PERFQ_SYNC_WINDOW_MAX];
+	uint8_t inlier[PERFQ_SYNC_WINDOW_MAX];
+	struct perfq_sync_pt pts[PERFQ_SYNC_WINDOW_MAX];
+	uint32_t n;
+	bool have_pending, have_pending2;
+	struct perfq_sync_obs pending, pending2;
+	uint32_t rate_breaks;
+	double sigma, fit_xbar, fit_var_ybar, fit_var_c, fit_bias_c2;
+	bool seg_prior_measured;
+	double prior_slope, prior_var, seg_slope0, seg_var0;
+	uint32_t seg_id, next_segment, seg_knots;
+	uint64_t seg_valid_from;
+};
+
+void perfq_sync_online_init(struct perfq_sync_online *s, const struct perfq_sync_rates *rates,
+			    const struct perfq_sync_config *cfg, const struct perfq_sync_history *hist);
+enum perfq_sync_verdict perfq_sync_online_add(struct perfq_sync_online *s,
+					      const struct perfq_sync_obs *obs);
+/* A round too loose to fit may still witness a step. */
+enum perfq_sync_verdict perfq_sync_online_witness(struct perfq_sync_online *s,
+						  const struct perfq_sync_obs *obs);
+
+/* Which rounds the online model takes (the same on host and device). */
+struct perfq_sync_gate {
+	struct perfq_sync_gate_config cfg;
+	uint64_t taken;
+	double tight; /* the loosest claim converted without waiting; inf at first */
+	double recent[PERFQ_SYNC_GATE_ROUNDS];
+	double scratch[PERFQ_SYNC_GATE_ROUNDS];
+	uint32_t count, pos;
+};
+void perfq_sync_gate_init(struct perfq_sync_gate *g, const struct perfq_sync_gate_config *cfg);
+enum perfq_sync_verdict perfq_sync_gate_feed(struct perfq_sync_gate *g, struct perfq_sync_online *s,
+					     const struct perfq_sync_obs *obs);
+static inline bool perfq_sync_taken(enum perfq_sync_verdict v)
+{
+	return v == PERFQ_SYNC_ACCEPTED || v == PERFQ_SYNC_NEW_SEGMENT;
+}
+/* Rewrites a PERFQ_CLOCK_DEVICE record into PERFQ_CLOCK_HOST_BY_DEVICE
+ * where the model vouches for its time (the host's rule for converting
+ * without waiting for a later round); false: left in D for the host. */
+bool perfq_sync_convert_record(const struct perfq_sync_online *s, const struct perfq_sync_gate *g,
+			       struct perfq_record *r);
+
+/* ---- Mode B on the device: a converter for the collector ---------- */
+struct perfq_dev_mode_b {
+	struct perfq_sync_page *sync;
+	struct perfq_sync_selection sel;
+	struct perfq_sync_online online;
+	struct perfq_sync_gate gate;
+	uint64_t mailbox_seq; /* the last mailbox copy looked at */
+	uint32_t round;	      /* the last round taken */
+	bool converting;      /* the host asked for mode B and a model exists */
+	struct perfq_clock_sample host[PERFQ_SYNC_MAX_SAMPLES];
+	struct perfq_clock_sample dev[PERFQ_SYNC_MAX_SAMPLES];
+	struct perfq_sync_cand cand[2 * PERFQ_SYNC_MAX_SAMPLES];
+};
+void perfq_dev_mode_b_init(struct perfq_dev_mode_b *m, void *base,
+			   const struct perfq_region_header *h);
+/* perfq_dev_converter's two calls (ctx: the perfq_dev_mode_b). */
+void perfq_dev_mode_b_poll(void *ctx);
+bool perfq_dev_mode_b_convert(void *ctx, struct perfq_record *r);
+#endif /* PERFQ_DEVICE_NO_MODE_B */
+
 #ifdef __cplusplus
 } /* extern "C" */
 #endif

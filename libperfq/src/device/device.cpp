@@ -29,48 +29,17 @@ DeviceCollector::DeviceCollector(const Region& region, std::vector<DeviceQueue*>
       streams_(std::move(streams)),
       opts_(opts),
       port_(device_port(clock)),
-      delivery_(streams_.size()),
-      mode_b_(ClockRates{region.header().device_clock_hz, region.header().timer_hz}) {
+      delivery_(streams_.size()) {
   for (DeviceQueue* s : streams_) queues_.push_back(s->sdk());
   (void)perfq_dev_collector_init(&c_, region_.base(), &region_.header(), queues_.data(),
                                  delivery_.data(), static_cast<uint32_t>(queues_.size()), &port_);
   c_.batch = static_cast<uint32_t>(std::clamp<size_t>(opts_.batch, 1, UINT32_MAX));
   if (opts_.mode_b) {
-    perfq_dev_converter conv{};
-    conv.ctx = this;
-    conv.poll = [](void* ctx) {
-      auto* self = static_cast<DeviceCollector*>(ctx);
-      const uint64_t now = monotonic_ns();
-      if (now < self->next_mailbox_poll_) return;
-      self->poll_mailbox();
-      self->next_mailbox_poll_ =
-          now + static_cast<uint64_t>(self->opts_.mailbox_poll.count()) * 1'000'000ull;
-    };
-    conv.convert = [](void* ctx, perfq_record* r) {
-      auto* self = static_cast<DeviceCollector*>(ctx);
-      return self->converting_ && self->mode_b_.convert_record(r);
-    };
+    mode_b_ = std::make_unique<perfq_dev_mode_b>();
+    perfq_dev_mode_b_init(mode_b_.get(), region_.base(), &region_.header());
+    const perfq_dev_converter conv{perfq_dev_mode_b_poll, perfq_dev_mode_b_convert, mode_b_.get()};
     perfq_dev_collector_set_converter(&c_, &conv);
   }
-}
-
-void DeviceCollector::poll_mailbox() {
-  const perfq_sync_page* page = region_.sync();
-  if (__atomic_load_n(&page->mode, __ATOMIC_ACQUIRE) != PERFQ_SYNC_MODE_B) {
-    converting_ = false;
-    return;
-  }
-  auto host = read_sample_batch(&page->mailbox);
-  if (!host || host->round == mailbox_round_ || host->samples.empty()) return;
-  // Our own samples of the same round (the timer server published them).
-  auto own = read_sample_batch(&page->device_samples);
-  if (!own || own->round != host->round) return;
-  mailbox_round_ = host->round;
-  const ClockSync& cs = mode_b_.sync();
-  auto obs = make_observation(host->samples, own->samples, cs.rates(),
-                              selection_for({}, cs.current(), cs.rates()), host->round);
-  if (obs) (void)mode_b_.add(*obs);
-  converting_ = mode_b_.ready();
 }
 
 RingFault DeviceCollector::fault() const {

@@ -77,8 +77,9 @@ struct CollectorOptions {
   // samples in the mailbox with the device's own samples of the same round,
   // track the clock model here, and convert record times to host time
   // (PERFQ_CLOCK_HOST_BY_DEVICE) as they are copied into the shared ring.
+  // (The SDK's perfq_dev_mode_b: it looks at the mailbox's sequence word
+  // on every pass, and takes each round once.)
   bool mode_b = true;
-  std::chrono::milliseconds mailbox_poll{10};
   std::chrono::microseconds max_sleep{1000};         // idle back-off ceiling
   std::chrono::milliseconds shutdown_timeout{5000};  // to deliver what is queued
 };
@@ -105,13 +106,10 @@ class DeviceCollector {
   const std::vector<StreamDelivery>& delivery() const { return delivery_; }
   // The host wrote a head that makes no sense (kind kNone: it did not).
   RingFault fault() const;
-  // Mode B: whether records are being converted, and the device's model.
-  bool converting() const { return converting_; }
-  const DeviceClockSync& mode_b_sync() const { return mode_b_; }
+  // Mode B: whether records are being converted now.
+  bool converting() const { return mode_b_ && mode_b_->converting; }
 
  private:
-  void poll_mailbox();
-
   const Region& region_;
   std::vector<DeviceQueue*> streams_;
   std::vector<perfq_dev_queue*> queues_;
@@ -119,10 +117,7 @@ class DeviceCollector {
   perfq_dev_port port_;
   std::vector<StreamDelivery> delivery_;
   perfq_dev_collector c_;
-  DeviceClockSync mode_b_;
-  bool converting_ = false;
-  uint32_t mailbox_round_ = 0;
-  uint64_t next_mailbox_poll_ = 0;
+  std::unique_ptr<perfq_dev_mode_b> mode_b_;  // the SDK's (null: mode B off)
 };
 
 // Device: write the dictionary into the region (entries first, then count).

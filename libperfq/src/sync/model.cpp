@@ -13,36 +13,45 @@
 
 namespace perfq {
 
-using sync_fit::add_ns;
-
 // ---- ClockModel -------------------------------------------------------------------
 
+// The line's arithmetic is the device SDK's (perfq_sync_line_*): the one a
+// device in mode B converts with.
+
 uint64_t ClockModel::to_host(uint64_t device_time) const noexcept {
-  const long double dx = static_cast<long double>(time_diff(device_time, device_ref));
-  return add_ns(host_ref, host_frac + dx * ns_per_tick);
+  const perfq_sync_line l = sync_fit::to_c(*this);
+  return perfq_sync_line_to_host(&l, device_time);
 }
 
 double ClockModel::host_distance_ns(uint64_t d) const noexcept {
-  return std::fabs(static_cast<double>(time_diff(d, device_ref)) *
-                   static_cast<double>(ns_per_tick));
+  const perfq_sync_line l = sync_fit::to_c(*this);
+  return perfq_sync_line_distance_ns(&l, d);
 }
 
 double ClockModel::claim_at(uint64_t d) const noexcept {
-  // A rate sigma may be infinite (a first model of one observation).
-  const double dx = host_distance_ns(d);
-  return dx > 0 ? uncertainty_ns + 3 * rate_sigma_ppb * 1e-9 * dx : uncertainty_ns;
+  const perfq_sync_line l = sync_fit::to_c(*this);
+  return perfq_sync_line_claim(&l, d);
 }
 
 double ClockModel::claim_at(uint64_t d, const ClockModel& newer) const noexcept {
-  const double gap_ppb =
-      std::fabs(static_cast<double>((ns_per_tick / newer.ns_per_tick - 1) * 1e9L));
-  const double rate_ppb = std::max(3 * rate_sigma_ppb, gap_ppb + 3 * newer.rate_sigma_ppb);
-  const double dx = host_distance_ns(d);
-  return dx > 0 ? uncertainty_ns + rate_ppb * 1e-9 * dx : uncertainty_ns;
+  const perfq_sync_line l = sync_fit::to_c(*this), n = sync_fit::to_c(newer);
+  return perfq_sync_line_claim_newer(&l, d, &n);
+}
+
+bool ClockModel::settled_over(double dx_ns) const noexcept {
+  const perfq_sync_line l = sync_fit::to_c(*this);
+  return perfq_sync_line_settled_over(&l, dx_ns);
+}
+
+bool ClockModel::vouches(uint64_t d, double tight_ns) const noexcept {
+  const perfq_sync_line l = sync_fit::to_c(*this);
+  return perfq_sync_line_vouches(&l, d, tight_ns);
 }
 
 double ClockModel::device_drift_ppb(const ClockRates& rates) const noexcept {
-  return static_cast<double>((rates.device_ns_per_tick() / ns_per_tick - 1) * 1e9L);
+  const perfq_sync_line l = sync_fit::to_c(*this);
+  const perfq_sync_rates r = sync_fit::to_c(rates);
+  return perfq_sync_line_drift_ppb(&l, &r);
 }
 
 ClockStanding clock_standing(const ClockModel& m, const ClockRates& rates) noexcept {
@@ -80,15 +89,9 @@ std::string standing_text(const ClockStanding& s) {
 }
 
 perfq_sync_model ClockModel::to_abi() const noexcept {
-  perfq_sync_model m{};
-  m.device_ref = device_ref;
-  m.host_ref_ns = static_cast<int64_t>(host_ref + (host_frac >= 0.5 ? 1 : 0));
-  const long double ppb = std::round((ns_per_tick - 1) * 1e9L);
-  m.rate_ppb = ppb > 9.2e18L ? std::numeric_limits<int64_t>::max() : static_cast<int64_t>(ppb);
-  m.uncertainty_ns = static_cast<uint64_t>(std::ceil(std::min(uncertainty_ns, 1.8e19)));
-  m.valid_from_device = valid_from_device;
-  m.segment = segment;
-  m.flags = valid ? PERFQ_SYNC_MODEL_VALID : 0;
+  const perfq_sync_line l = sync_fit::to_c(*this);
+  perfq_sync_model m;
+  perfq_sync_line_to_abi(&l, &m);
   return m;
 }
 
@@ -168,7 +171,7 @@ uint64_t PiecewiseModel::convert(const Segment& s, uint64_t d) const {
   const long double u = static_cast<long double>(d - lo.device_ref) /
                         static_cast<long double>(hi.device_ref - lo.device_ref);
   const uint64_t a = lo.to_host(d), b = hi.to_host(d);
-  return add_ns(a, u * static_cast<long double>(time_diff(b, a)));
+  return sync_fit::add_ns(a, u * static_cast<long double>(time_diff(b, a)));
 }
 
 uint64_t PiecewiseModel::to_host(uint64_t d) const {

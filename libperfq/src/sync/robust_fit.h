@@ -7,9 +7,71 @@
 #include <limits>
 #include <vector>
 
+#include "perfq/perfq_device.h"
 #include "sync/sync.h"
 
 namespace perfq::sync_fit {
+
+// ---- The C++ types and the device SDK's C ones --------------------------------------
+// The math is the SDK's (perfq/perfq_device.h): one implementation for the
+// host and for a device in mode B.  These convert between the two faces.
+
+inline perfq_sync_rates to_c(const ClockRates& r) { return {r.device_hz, r.timer_hz}; }
+inline perfq_sync_selection to_c(const SelectionConfig& s) {
+  return {s.margin_ns, s.margin_frac, s.outlier_k, s.average_scatter, s.rate_error};
+}
+inline perfq_sync_config to_c(const SyncConfig& c) {
+  return {c.window,      c.reject_k, c.reject_floor_ns, c.sigma_floor_ns,    c.prior_drift_ppm,
+          c.step_min_ns, c.step_k,   c.witness_k,       c.max_uncertainty_ns};
+}
+inline perfq_sync_gate_config to_c(const GateConfig& g) {
+  return {g.floor_ns, g.factor, g.contended_delay_ns};
+}
+inline perfq_sync_obs to_c(const SyncObservation& o) {
+  return {o.device_time,     o.host_ns, o.uncertainty_ns, o.host_delay_ns,
+          o.device_delay_ns, o.round,   o.host_used,      o.device_used};
+}
+inline SyncObservation from_c(const perfq_sync_obs& o) {
+  SyncObservation s;
+  s.device_time = o.device_time;
+  s.host_ns = o.host_ns;
+  s.uncertainty_ns = o.uncertainty_ns;
+  s.host_delay_ns = o.host_delay_ns;
+  s.device_delay_ns = o.device_delay_ns;
+  s.round = o.round;
+  s.host_used = o.host_used;
+  s.device_used = o.device_used;
+  return s;
+}
+inline perfq_sync_line to_c(const ClockModel& m) {
+  perfq_sync_line l{};
+  l.device_ref = m.device_ref;
+  l.host_ref = m.host_ref;
+  l.host_frac = m.host_frac;
+  l.ns_per_tick = static_cast<double>(m.ns_per_tick);
+  l.uncertainty_ns = m.uncertainty_ns;
+  l.rate_sigma_ppb = m.rate_sigma_ppb;
+  l.valid_from_device = m.valid_from_device;
+  l.segment = m.segment;
+  l.valid = m.valid;
+  return l;
+}
+inline ClockModel from_c(const perfq_sync_line& l) {
+  ClockModel m;
+  m.device_ref = l.device_ref;
+  m.host_ref = l.host_ref;
+  m.host_frac = l.host_frac;
+  m.ns_per_tick = l.ns_per_tick;
+  m.uncertainty_ns = l.uncertainty_ns;
+  m.rate_sigma_ppb = l.rate_sigma_ppb;
+  m.valid_from_device = l.valid_from_device;
+  m.segment = l.segment;
+  m.valid = l.valid;
+  return m;
+}
+inline ClockSync::Verdict from_c(perfq_sync_verdict v) {
+  return static_cast<ClockSync::Verdict>(v);
+}
 
 inline uint64_t add_ns(uint64_t base, long double delta) noexcept {
   // Modular add of a rounded signed delta; deltas beyond s64 are clamped.

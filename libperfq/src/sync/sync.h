@@ -31,11 +31,13 @@
 
 #include <cstdint>
 #include <limits>
+#include <memory>
 #include <span>
 #include <string>
 #include <vector>
 
 #include "perfq/perfq_abi.h"
+#include "perfq/perfq_device.h"
 #include "perfq/status.h"
 #include "perfq/trace.h"
 
@@ -156,16 +158,11 @@ struct ClockModel {
   // the distance adds at most a quarter of the model's own uncertainty.
   // The one rule for the daemon's converter and mode B's device.
   bool settled_at(uint64_t d) const noexcept { return settled_over(host_distance_ns(d)); }
-  bool settled_over(double dx_ns) const noexcept {
-    return 3 * rate_sigma_ppb * 1e-9 * dx_ns <= 0.25 * uncertainty_ns;
-  }
+  bool settled_over(double dx_ns) const noexcept;
   // Whether the model may convert d beyond its newest round now: settled
   // there and claiming at most tight_ns (RoundGate::tight_ns()).  The one
   // rule for both online converters, the daemon's and mode B's device's.
-  bool vouches(uint64_t d, double tight_ns) const noexcept {
-    const double dx = host_distance_ns(d);
-    return settled_over(dx) && uncertainty_ns + 3 * rate_sigma_ppb * 1e-9 * dx <= tight_ns;
-  }
+  bool vouches(uint64_t d, double tight_ns) const noexcept;
   // How fast the device clock runs against its nominal rate, measured in
   // host time, in ppb (+1000 ppm: D gains 1 ms per host second).  Note the
   // ABI's rate_ppb is the inverse view (host ns per device tick): outputs
@@ -288,6 +285,10 @@ class ClockSync {
   };
 
   explicit ClockSync(const ClockRates& rates, const SyncConfig& cfg = {});
+  ClockSync(const ClockSync& o);
+  ClockSync& operator=(const ClockSync& o);
+  ClockSync(ClockSync&& o) noexcept;
+  ClockSync& operator=(ClockSync&& o) noexcept;
 
   Verdict add(const SyncObservation& obs);
   // An observation too loose to fit (a gate left it out) may still witness
@@ -300,20 +301,20 @@ class ClockSync {
   // would go unnoticed for as long as the machine stays saturated.
   Verdict witness(const SyncObservation& obs);
 
-  bool has_model() const { return current_.valid; }
+  bool has_model() const { return c_->current.valid; }
   // The model fitted after the last accepted observation.
   const ClockModel& current() const { return current_; }
   uint32_t segment() const { return current_.segment; }
   // Robust sigma of the current window's residuals (ns).
-  double residual_sigma_ns() const { return sigma_; }
+  double residual_sigma_ns() const { return c_->sigma; }
   // Segments started because the clock's rate was not the model's (see
   // start_rate_segment): a clock or timer rate that is not what the device
   // declares looks exactly like this.
-  uint32_t rate_breaks() const { return rate_breaks_; }
+  uint32_t rate_breaks() const { return c_->rate_breaks; }
   // The model cannot vouch for itself now: the last observation was far
   // off its prediction and nothing has yet explained it (a step or a rate
   // break waiting for confirmation).
-  bool contradicted() const { return have_pending_; }
+  bool contradicted() const { return c_->have_pending; }
   // Conversion with the model that was current at d (piecewise history).
   uint64_t to_host(uint64_t device_time) const { return history_.to_host(device_time); }
   const PiecewiseModel& history() const { return history_; }
@@ -321,44 +322,22 @@ class ClockSync {
   const SyncConfig& config() const { return cfg_; }
 
  private:
-  // Makes s the current segment, with an empty window and nothing pending.
-  void open_segment(PiecewiseModel::Segment s);
-  // An observation went into the current segment's window: its host span.
-  void note_observed(const SyncObservation& o);
-  void start_segment(const SyncObservation* first, const SyncObservation& second);
-  // Far-off observations that agree on no one offset but on one line: the
-  // clock runs at a rate the model does not know (a mis-declared clock or
-  // timer rate, a drift far beyond the prior).  A segment with that line's
-  // slope; it replaces the current one when that never measured a rate.
-  void start_rate_segment(const SyncObservation& a, const SyncObservation& b,
-                          const SyncObservation& c, long double slope, long double slope_var);
-  bool far_off(const SyncObservation& obs, double at_least_ns = 0) const;
-  Verdict step_candidate(const SyncObservation& obs);
-  void refit();
-  void push_knot();
+  friend class RoundGate;
+  friend class DeviceClockSync;
+  // The tracker is the device SDK's (perfq_sync_online); this class keeps
+  // the history of its models through the SDK's hooks.
+  void bind() noexcept;
+  Verdict after(perfq_sync_verdict v);
+  static void on_open(void* ctx, uint32_t id, uint64_t valid_from);
+  static void on_close(void* ctx, uint64_t valid_until);
+  static void on_drop(void* ctx);
+  static void on_knot(void* ctx, const perfq_sync_line* m);
+  static void on_observed(void* ctx, uint64_t host_ns);
 
   ClockRates rates_;
   SyncConfig cfg_;
-  std::vector<SyncObservation> window_;  // current segment, oldest first
-  std::vector<uint8_t> inlier_;          // parallel to window_
-  bool have_pending_ = false;
-  SyncObservation pending_;
-  bool have_pending2_ = false;  // the candidate before pending_, for a rate break
-  SyncObservation pending2_;
-  uint32_t rate_breaks_ = 0;
+  std::unique_ptr<perfq_sync_online> c_;
   ClockModel current_;
-  double sigma_ = 0;
-  // The last fit, relative to current_.device_ref: value variance at
-  // fit_xbar_, slope variance (for the prediction's uncertainty).
-  long double fit_xbar_ = 0, fit_var_ybar_ = 0, fit_var_c_ = 0;
-  long double fit_bias_c2_ = 0;      // the nominal prior's pull (knot_from())
-  bool seg_prior_measured_ = false;  // the segment's slope prior is a measured rate
-  long double prior_slope_ = 1;      // nominal ns/tick and its prior variance
-  long double prior_var_ = 0;
-  long double seg_slope0_ = 1;  // the current segment's slope prior
-  long double seg_var0_ = 0;
-  uint32_t seg_id_ = 0;
-  uint32_t next_segment_ = 0;
   size_t knots_total_ = 0;
   PiecewiseModel history_{false};
 };
@@ -384,11 +363,11 @@ struct GateConfig {
 
 // Rounds a model must have taken in before it converts anything: the
 // first ones do not know the drift yet, and one bad round weighs much.
-inline constexpr uint64_t kMinModelRounds = 5;
+inline constexpr uint64_t kMinModelRounds = PERFQ_SYNC_MIN_MODEL_ROUNDS;
 
 class RoundGate {
  public:
-  explicit RoundGate(const GateConfig& cfg = {}) : cfg_(cfg) {}
+  explicit RoundGate(const GateConfig& cfg = {});
   // sync.add(obs) when the rule lets the round in (always for the first
   // model), else sync.witness(obs): a round left out of the fit may still
   // witness a clock step.  kOutlier when gated and no step witness.
@@ -401,18 +380,13 @@ class RoundGate {
   // starting the device) is honest about its tens of microseconds, but a
   // round or two later the same records convert within a few hundred ns:
   // they wait for that.  Infinite before the first round.
-  double tight_ns() const { return tight_; }
+  double tight_ns() const { return g_.tight; }
   // Rounds taken into the model (taken_into_model()).
-  uint64_t taken() const { return taken_; }
+  uint64_t taken() const { return g_.taken; }
 
  private:
-  static constexpr size_t kRounds = 64;
-  uint64_t taken_ = 0;
-  double tight_ = std::numeric_limits<double>::infinity();  // tight_ns(), as of the last round
-  GateConfig cfg_;
-  std::vector<double> recent_;  // uncertainties of the last rounds, ring
-  std::vector<double> scratch_;
-  size_t pos_ = 0;
+  friend class DeviceClockSync;
+  perfq_sync_gate g_;  // the device SDK's gate
 };
 
 // ---- 3. Offline re-synchronization ---------------------------------------------------
