@@ -18,6 +18,10 @@ PACKAGES=(
   libzstd-dev
   babeltrace2
   protobuf-compiler
+  # perfqctl report --html inlines Chart.js into its page; the test loads
+  # the page in headless Chromium.
+  libjs-chart.js
+  chromium
   # The LTTng-UST baseline of make bench (perfq_lttng_bench, a private
   # lttng-sessiond).
   liblttng-ust-dev

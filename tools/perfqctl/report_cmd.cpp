@@ -1,5 +1,8 @@
-// perfqctl report FILE [--json] [--resync]
+// perfqctl report FILE [--json] [--resync] [--html OUT.html]
 #include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
 #include <string>
 
 #include "commands.h"
@@ -7,11 +10,50 @@
 
 namespace perfqctl {
 
+namespace {
+
+// Chart.js, inlined into the page: PERFQ_CHARTJS from the environment, else
+// Debian's libjs-chart.js.
+bool read_chartjs(std::string& out) {
+  const char* env = std::getenv("PERFQ_CHARTJS");
+  const std::string path = env && *env ? env : PERFQ_CHARTJS;
+  std::ifstream in(path, std::ios::binary);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  if (!in || ss.str().empty()) {
+    std::fprintf(stderr,
+                 "perfqctl: report: --html needs Chart.js: cannot read %s (install the Debian "
+                 "package libjs-chart.js, or set PERFQ_CHARTJS to its chart.min.js)\n",
+                 path.c_str());
+    return false;
+  }
+  out = ss.str();
+  return true;
+}
+
+bool write_file(const std::string& path, const std::string& text) {
+  std::FILE* f = std::fopen(path.c_str(), "wb");
+  if (!f) {
+    std::perror(("perfqctl: report: " + path).c_str());
+    return false;
+  }
+  const bool ok = std::fwrite(text.data(), 1, text.size(), f) == text.size();
+  const bool closed = std::fclose(f) == 0;
+  if (!ok || !closed) {
+    std::perror(("perfqctl: report: " + path + ": write").c_str());
+    return false;
+  }
+  return true;
+}
+
+}  // namespace
+
 void add_report_command(CLI::App& app, int& exit_code) {
   struct Args {
     std::string file;
     bool json = false;
     bool resync = false;
+    std::string html;
   };
   auto args = std::make_shared<Args>();
   CLI::App* sub = app.add_subcommand("report", "analyse a trace: records, losses, sync, latencies");
@@ -19,7 +61,14 @@ void add_report_command(CLI::App& app, int& exit_code) {
   sub->add_flag("--json", args->json, "print the report as JSON");
   sub->add_flag("--resync", args->resync,
                 "recompute device times with one offline model fitted over all sync samples");
+  sub->add_option("--html", args->html,
+                  "write the report as one self-contained HTML page with charts to this file");
   sub->callback([args, &exit_code] {
+    std::string chartjs;
+    if (!args->html.empty() && !read_chartjs(chartjs)) {
+      exit_code = kExitFail;
+      return;
+    }
     perfq::TraceReportOptions opt;
     opt.resync = args->resync;
     auto r = perfq::analyze_trace(args->file, opt);
@@ -28,13 +77,21 @@ void add_report_command(CLI::App& app, int& exit_code) {
       exit_code = kExitFail;
       return;
     }
-    std::string out =
-        args->json ? perfq::report_to_json(r.value()) : perfq::report_to_text(r.value());
-    std::fwrite(out.data(), 1, out.size(), stdout);
-    if (std::fflush(stdout) != 0) {
-      std::perror("perfqctl: report: stdout");
+    if (!args->html.empty() && !write_file(args->html, perfq::report_to_html(r.value(), chartjs))) {
       exit_code = kExitFail;
       return;
+    }
+    // With --html alone the page is the output; --json or the text report
+    // still go to stdout when asked for (--json) or when no page was.
+    if (args->json || args->html.empty()) {
+      std::string out =
+          args->json ? perfq::report_to_json(r.value()) : perfq::report_to_text(r.value());
+      std::fwrite(out.data(), 1, out.size(), stdout);
+      if (std::fflush(stdout) != 0) {
+        std::perror("perfqctl: report: stdout");
+        exit_code = kExitFail;
+        return;
+      }
     }
     if (!r->stopped_early.empty()) {
       // The report covers everything before the damage; say where it is.

@@ -8,6 +8,7 @@
 #include <map>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "perfq/status.h"
@@ -26,6 +27,20 @@ struct LatencyStats {
   int64_t p99 = 0;
 };
 
+// One bin of a distribution on a log axis: [lo_ns, hi_ns).
+struct ReportBin {
+  int64_t lo_ns = 0;
+  int64_t hi_ns = 0;
+  uint64_t count = 0;
+};
+
+// A distribution for charts: its bins on a log axis (10 a decade) and the
+// values at or below zero, which a log axis cannot show.
+struct ReportHistogram {
+  std::vector<ReportBin> bins;
+  uint64_t at_most_zero = 0;
+};
+
 // Nearest-rank percentiles of signed ns values in bounded memory.  Exact
 // while at most kExactValues distinct values were seen; after that a
 // log-linear histogram with 9 significant bits per bucket: exact below
@@ -39,6 +54,13 @@ class LatencyHistogram {
   bool exact() const { return !bucketed_; }
   int64_t quantile(double q) const;  // q in [0, 1]
   LatencyStats summary() const;
+  // Counts in bins of equal width on a log axis: per_decade bins per power
+  // of ten, [10^(k/per_decade), 10^((k+1)/per_decade)) ns, from the bin of
+  // the smallest positive value to that of the largest; values <= 0 are
+  // counted apart (at_most_zero).  Exact while exact(); after that each
+  // bucket counts in the bin of its midpoint (buckets are 0.4% wide, bins
+  // 26% at 10 a decade).
+  ReportHistogram log_bins(int per_decade) const;
 
  private:
   void add_bucketed(int64_t v, uint64_t n);
@@ -164,13 +186,59 @@ struct ReportOffCpu {
   std::vector<ReportOffCpuJob> worst;  // the longest off-CPU times, longest first
 };
 
+// A complete job with its four host times (device times converted).
+struct ReportJob {
+  uint64_t corr_id = 0;
+  int64_t submit_ns = 0;
+  int64_t start_ns = 0;
+  int64_t end_ns = 0;
+  int64_t complete_ns = 0;
+  int64_t latency_ns() const { return complete_ns - submit_ns; }
+};
+inline constexpr size_t kWorstJobs = 10;
+
 struct ReportJobs {
   uint64_t count = 0;       // jobs with all four of submit/start/end/complete
   uint64_t incomplete = 0;  // correlation ids seen without all four
   LatencyStats submit_to_start;
   LatencyStats start_to_end;
   LatencyStats end_to_complete;
+  // The same three distributions binned on a log axis.
+  ReportHistogram submit_to_start_bins;
+  ReportHistogram start_to_end_bins;
+  ReportHistogram end_to_complete_bins;
+  std::vector<ReportJob> worst;  // the kWorstJobs longest submit-to-complete, longest first
   ReportOffCpu off_cpu;
+};
+
+// The recording over time, on one axis: bins of bin_ns from start_ns (the
+// recording's start where the trace states it, else its first record; an
+// earlier time counts in the first bin).  The width doubles (pairs of bins
+// merge) whenever the bins would exceed kTimelineMaxBins, so memory stays
+// bounded whatever the length.
+inline constexpr size_t kTimelineMaxBins = 512;
+struct TimelineStream {
+  uint16_t source = 0;
+  uint16_t stream = 0;
+  std::vector<uint64_t> records;  // records per bin
+  std::vector<uint64_t> lost;     // losses noted per bin (LOST args, loss reports, index gaps)
+};
+struct TimelineSync {
+  uint16_t source = 0;
+  std::vector<uint64_t> rounds;  // sync rounds per bin (by the host time of their samples)
+  std::vector<uint64_t> failed;  // of them, rounds that gave no observation
+  // Per bin, the largest |residual| of a round against the clock model in
+  // force when it was read (observed host time minus the model's, ns), and
+  // the largest bound a stored model claimed.  NaN: none in the bin.
+  std::vector<double> worst_residual_ns;
+  std::vector<double> claimed_bound_ns;
+};
+struct ReportTimeline {
+  int64_t start_ns = 0;
+  int64_t bin_ns = 0;
+  size_t bins = 0;
+  std::vector<TimelineStream> streams;
+  std::vector<TimelineSync> sync;
 };
 
 struct TraceReport {
@@ -204,6 +272,7 @@ struct TraceReport {
   std::vector<ReportPair> pairs;
   ReportJobs jobs;
   uint64_t causality_violations = 0;  // complete jobs not submit <= start <= end <= complete
+  ReportTimeline timeline;
 };
 
 // Analyses the trace at `path`.  Fails only when the file cannot be opened
@@ -212,5 +281,10 @@ Result<TraceReport> analyze_trace(const std::string& path, const TraceReportOpti
 
 std::string report_to_json(const TraceReport& r);  // the `--json` document, pretty-printed
 std::string report_to_text(const TraceReport& r);  // for people
+// One self-contained HTML page (`perfqctl report --html`): the JSON document
+// of report_to_json() inlined and drawn by Chart.js, whose source (the
+// library's UMD build, chart.min.js) is `chartjs` and is inlined too, so the
+// page fetches nothing when it is opened.
+std::string report_to_html(const TraceReport& r, std::string_view chartjs);
 
 }  // namespace perfq

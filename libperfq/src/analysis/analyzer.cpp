@@ -15,6 +15,8 @@
 #include <fmt/format.h>
 
 #include "analysis/job_roles.h"
+#include "analysis/sync_residuals.h"
+#include "analysis/timeline.h"
 #include "perfq_kevent.h"
 #include "sync/sync.h"
 
@@ -76,14 +78,7 @@ struct ThreadSched {
 };
 constexpr size_t kWorstOffCpu = 10;
 
-// A device's nominal rates as its trace source declares them (an old trace
-// without a timer rate: the clock's; without either: 1 GHz).
-ClockRates rates_of(const TraceSource* src) {
-  ClockRates r;
-  if (src && src->clock_hz) r.device_hz = src->clock_hz;
-  r.timer_hz = src && src->timer_hz ? src->timer_hz : r.device_hz;
-  return r;
-}
+using analysis::rates_of;
 
 // How --resync converts one device's times: the sync module's piecewise
 // offline model, and its summary for the sync line.
@@ -109,6 +104,12 @@ class Analyzer : public TraceVisitor {
         sched_ = true;
     }
     r_.jobs.off_cpu.available = r_.jobs.off_cpu.available || (sched_ && !tid_of_.empty());
+    if (auto it = m.options.find("start_ns"); it != m.options.end()) {
+      char* end = nullptr;
+      errno = 0;
+      const long long v = std::strtoll(it->second.c_str(), &end, 10);
+      if (!errno && end != it->second.c_str() && !*end) timeline_.start_at(v);
+    }
     return Status::ok();
   }
 
@@ -131,6 +132,8 @@ class Analyzer : public TraceVisitor {
 
   Status on_sync_samples(std::span<const TraceSyncSample> s) override {
     for (const auto& x : s) ++sync_[x.source].samples;
+    for (const auto& rr : residuals_.rounds(s, r_.metadata))
+      timeline_.add_round(rr.source, rr.time_ns, rr.failed, rr.residual_ns);
     return Status::ok();
   }
 
@@ -141,10 +144,12 @@ class Analyzer : public TraceVisitor {
       // Stated at the end, with the source's rates (clock_standing()).
       if (auto cm = ClockModel::from_abi(m.model); cm && cm->valid) {
         last_model_[m.source] = *cm;
+        timeline_.add_model(m.source, m.installed_ns, m.model.uncertainty_ns);
         d.worst_uncertainty_ns = std::max(d.worst_uncertainty_ns, m.model.uncertainty_ns);
         segment_model(m, *cm);
       }
       segments_[m.source].insert(m.model.segment);
+      residuals_.on_model(m);
     }
     return Status::ok();
   }
@@ -154,6 +159,7 @@ class Analyzer : public TraceVisitor {
       StreamState& st = stream(l.source, l.stream);
       st.stat.reported_lost += l.count;
       st.reported.note(l.time_ns, l.last_index + 1);
+      timeline_.add_lost(l.source, l.stream, l.time_ns, l.count);
     }
     return Status::ok();
   }
@@ -176,6 +182,7 @@ class Analyzer : public TraceVisitor {
     }
     finish_sync(opt);
     finish_jobs();
+    r_.timeline = timeline_.finish();
   }
 
  private:
@@ -266,6 +273,13 @@ class Analyzer : public TraceVisitor {
       return a.off_cpu_ns > b.off_cpu_ns;
     });
     r_.jobs.off_cpu.worst = worst_;
+    r_.jobs.submit_to_start_bins = lat_[0].log_bins(10);
+    r_.jobs.start_to_end_bins = lat_[1].log_bins(10);
+    r_.jobs.end_to_complete_bins = lat_[2].log_bins(10);
+    std::sort(worst_jobs_.begin(), worst_jobs_.end(), [](const ReportJob& a, const ReportJob& b) {
+      return a.latency_ns() > b.latency_ns();
+    });
+    r_.jobs.worst = worst_jobs_;
   }
 
   bool is_device(uint16_t source) const {
@@ -312,9 +326,11 @@ class Analyzer : public TraceVisitor {
     }
     StreamState& st = stream(in.source, rec.stream);
     ++st.stat.records;
+    timeline_.add_records(in.source, rec.stream, t, 1);
     if (st.seen && rec.index > st.last_index + 1) {
       st.stat.gap_lost += rec.index - st.last_index - 1;
       st.gaps.note(t, rec.index);
+      timeline_.add_lost(in.source, rec.stream, t, rec.index - st.last_index - 1);
     } else if (st.seen && rec.index < st.last_index && st.stat.gap_lost > 0) {
       // A record that sorted after a later one of its stream (two device
       // times a model change converted out of order) fills the gap it
@@ -339,6 +355,7 @@ class Analyzer : public TraceVisitor {
       case PERFQ_KIND_LOST:
         st.stat.reported_lost += rec.arg;
         st.reported.note(t, rec.index);
+        timeline_.add_lost(in.source, rec.stream, t, rec.arg);
         break;
       case PERFQ_KIND_BEGIN:
         if (st.open.size() < 1024) st.open.emplace_back(rec.event, t);
@@ -496,6 +513,7 @@ class Analyzer : public TraceVisitor {
       }
     }
     ++job_count_;
+    worst_job({id, j.t[0], j.t[1], j.t[2], j.t[3]});
     lat_[0].add(j.t[1] - j.t[0]);
     lat_[1].add(j.t[2] - j.t[1]);
     lat_[2].add(j.t[3] - j.t[2]);
@@ -503,8 +521,22 @@ class Analyzer : public TraceVisitor {
     jobs_.erase(id);
   }
 
+  // Keeps the kWorstJobs longest jobs (submit to complete).
+  void worst_job(const ReportJob& j) {
+    if (worst_jobs_.size() < kWorstJobs) {
+      worst_jobs_.push_back(j);
+      return;
+    }
+    auto min = std::min_element(
+        worst_jobs_.begin(), worst_jobs_.end(),
+        [](const ReportJob& a, const ReportJob& b) { return a.latency_ns() < b.latency_ns(); });
+    if (min->latency_ns() < j.latency_ns()) *min = j;
+  }
+
   TraceReport& r_;
   const std::map<uint16_t, Resync>* resync_;
+  analysis::Timeline timeline_;
+  std::vector<ReportJob> worst_jobs_;
   bool have_time_ = false;
   int64_t first_ = 0;
   int64_t last_ = 0;
@@ -515,6 +547,7 @@ class Analyzer : public TraceVisitor {
   std::map<uint16_t, ReportSync> sync_;
   std::map<uint16_t, std::set<uint32_t>> segments_;
   std::map<uint16_t, ClockModel> last_model_;  // the newest valid model per device
+  analysis::SyncResiduals residuals_;          // the sync rounds against their models
   struct ClaimState {
     ReportClaims totals;
     LatencyHistogram hist;

@@ -3,6 +3,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include <cmath>
+
 #include <fmt/format.h>
 
 #include "analysis/report_format.h"
@@ -156,12 +158,67 @@ ordered_json durations_json(const TraceReport& r) {
   return pairs;
 }
 
+// A distribution's bins on a log axis: [lo_ns, hi_ns, count] each.
+ordered_json bins_json(const ReportHistogram& h) {
+  ordered_json bins = ordered_json::array();
+  for (const auto& b : h.bins) bins.push_back({b.lo_ns, b.hi_ns, b.count});
+  return {{"at_most_zero", h.at_most_zero}, {"bins", bins}};
+}
+
 ordered_json jobs_json(const ReportJobs& jobs) {
+  ordered_json worst = ordered_json::array();
+  for (const auto& w : jobs.worst)
+    worst.push_back({{"corr_id", w.corr_id},
+                     {"latency_ns", w.latency_ns()},
+                     {"submit_ns", w.submit_ns},
+                     {"start_ns", w.start_ns},
+                     {"end_ns", w.end_ns},
+                     {"complete_ns", w.complete_ns}});
   return {{"count", jobs.count},
           {"incomplete", jobs.incomplete},
           {"submit_to_start_ns", dist_json(jobs.submit_to_start)},
           {"start_to_end_ns", dist_json(jobs.start_to_end)},
-          {"end_to_complete_ns", dist_json(jobs.end_to_complete)}};
+          {"end_to_complete_ns", dist_json(jobs.end_to_complete)},
+          {"histograms",
+           {{"submit_to_start_ns", bins_json(jobs.submit_to_start_bins)},
+            {"start_to_end_ns", bins_json(jobs.start_to_end_bins)},
+            {"end_to_complete_ns", bins_json(jobs.end_to_complete_bins)}}},
+          {"worst", worst}};
+}
+
+// NaN (nothing in the bin) as null.
+ordered_json maybe_json(const std::vector<double>& v) {
+  ordered_json a = ordered_json::array();
+  for (double x : v) a.push_back(std::isnan(x) ? ordered_json() : ordered_json(x));
+  return a;
+}
+
+// "timeline": counts per bin of one shared time axis.
+ordered_json timeline_json(const TraceReport& r) {
+  const ReportTimeline& tl = r.timeline;
+  ordered_json streams = ordered_json::array();
+  for (const auto& s : tl.streams) {
+    streams.push_back({{"source", s.source},
+                       {"source_name", source_name(r, s.source)},
+                       {"kind", source_kind(r, s.source)},
+                       {"stream", s.stream},
+                       {"records", s.records},
+                       {"lost", s.lost}});
+  }
+  ordered_json sync = ordered_json::array();
+  for (const auto& s : tl.sync) {
+    sync.push_back({{"source", s.source},
+                    {"source_name", source_name(r, s.source)},
+                    {"rounds", s.rounds},
+                    {"failed_rounds", s.failed},
+                    {"worst_residual_ns", maybe_json(s.worst_residual_ns)},
+                    {"claimed_bound_ns", maybe_json(s.claimed_bound_ns)}});
+  }
+  return {{"start_ns", tl.start_ns},
+          {"bin_ns", tl.bin_ns},
+          {"bins", tl.bins},
+          {"streams", streams},
+          {"sync", sync}};
 }
 
 ordered_json off_cpu_json(const ReportOffCpu& oc) {
@@ -211,6 +268,7 @@ std::string report_to_json(const TraceReport& r) {
   j["jobs"] = jobs_json(r.jobs);
   if (r.jobs.off_cpu.available) j["off_cpu"] = off_cpu_json(r.jobs.off_cpu);
   j["causality_violations"] = r.causality_violations;
+  j["timeline"] = timeline_json(r);
   return j.dump(2, ' ', false, ordered_json::error_handler_t::replace) + "\n";
 }
 
