@@ -3,8 +3,11 @@
 // and a small per-stream state, never the whole trace.
 //
 //   perfetto     Perfetto protobuf (Trace / TracePacket / TrackDescriptor /
-//                TrackEvent), encoded by a small hand-written protobuf
-//                writer; the message subset is tests/data/perfetto_trace.proto.
+//                TrackEvent / InternedData / ClockSnapshot), encoded by a
+//                small hand-written protobuf writer: interned names, times as
+//                deltas on a sequence per track, counter tracks; the message
+//                subset (Perfetto's names and numbers) is
+//                tests/data/perfetto_trace.proto.
 //   chrome-json  Trace Event Format (JSON object form, us timestamps).
 //   ctf          a CTF 1.8 directory: `metadata` (TSDL) + `stream_0`.
 //   csv          one row per record:
