@@ -72,6 +72,10 @@ for p in "${PACKAGES[@]}"; do
   status=$(dpkg-query -W -f='${db:Status-Status}' "$p" 2>/dev/null || true)
   [ "$status" = installed ] || missing+=("$p")
 done
+# npm installs speedscope for the Chrome JSON test (into the build tree).
+# Any npm will do: Debian's package only where none is on the PATH (a
+# Node.js from elsewhere brings its own, and Debian's would conflict).
+command -v npm >/dev/null 2>&1 || missing+=(npm)
 
 if [ ${#missing[@]} -eq 0 ]; then
   exit 0

@@ -11,7 +11,8 @@
 //   chrome-json  Trace Event Format (JSON object form, us timestamps).
 //   ctf          a CTF 1.8 directory: `metadata` (TSDL) + `stream_0`.
 //   csv          one row per record:
-//                time_ns,source,stream,index,event,name,kind,raw_time,arg
+//                time_ns,source,stream,index,event,name,kind,raw_time,arg,
+//                claim_ns,converted_by,source_id
 #pragma once
 
 #include <cstdint>

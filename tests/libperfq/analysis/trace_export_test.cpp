@@ -99,7 +99,7 @@ TEST_CASE("export csv: a header and one row per record", "[export]") {
   auto lines = lines_of(slurp(dir.file("out.csv")));
   REQUIRE(lines.size() == 401);
   CHECK(lines[0] ==
-        "time_ns,source,stream,index,event,name,kind,raw_time,arg,claim_ns,converted_by");
+        "time_ns,source,stream,index,event,name,kind,raw_time,arg,claim_ns,converted_by,source_id");
   for (size_t i = 0; i < e.records.size(); ++i) {
     const TraceRecord& r = e.records[i];
     const std::string want =
@@ -107,7 +107,7 @@ TEST_CASE("export csv: a header and one row per record", "[export]") {
         std::to_string(r.rec.stream) + "," + std::to_string(r.rec.index) + "," +
         std::to_string(r.rec.event) + "," + e.names[i] + "," + record_kind_name(r.kind()) + "," +
         std::to_string(r.rec.time) + "," + std::to_string(r.rec.arg) + "," +
-        (r.source == 0 ? "0,none" : "200,daemon");
+        (r.source == 0 ? "0,none" : "200,daemon") + "," + std::to_string(r.source);
     REQUIRE(lines[i + 1] == want);
   }
 }
@@ -140,6 +140,20 @@ TEST_CASE("export chrome-json: parses, every event has the required fields", "[e
   CHECK(ph["t"] == 100);
   CHECK(ph["f"] == 50);
   CHECK(ph["M"] == 2 + 2 + 3);  // processes, host threads, device queues
+  // Slices nest and an E has its B's name; 64-bit values are strings.
+  std::map<std::pair<int64_t, int64_t>, std::vector<std::string>> open;
+  for (const auto& ev : j["traceEvents"]) {
+    auto& stack = open[{ev["pid"].get<int64_t>(), ev["tid"].get<int64_t>()}];
+    if (ev["ph"] == "B") stack.push_back(ev["name"]);
+    if (ev["ph"] == "E") {
+      INFO(ev.dump());
+      REQUIRE(!stack.empty());
+      CHECK(ev["name"] == stack.back());
+      stack.pop_back();
+    }
+    if (ev.contains("args") && ev["args"].contains("arg")) CHECK(ev["args"]["arg"].is_string());
+  }
+  for (const auto& [thread, stack] : open) CHECK(stack.empty());
   // Microsecond timestamps with ns precision: find the first submit.
   for (size_t i = 0; i < e.records.size(); ++i) {
     if (e.names[i] != "job_submit") continue;
