@@ -433,6 +433,29 @@ TEST_CASE("export perfetto: small, with interned names and timestamp deltas", "[
   CHECK(job_submit <= 8);  // once per sequence, not once per event
 }
 
+// A job whose device start lies within its clock bound of its submit (the
+// true order unknown) gets a mark on the device's track.
+TEST_CASE("export perfetto: a mark where the clock bound could invert a job's order", "[export]") {
+  TempDir dir("export");
+  const std::string in = dir.file("close.pq");
+  SynthTraceOptions o;
+  o.jobs = 50;
+  o.submit_to_start = {100, 5'000};  // the device's times claim +-200 ns
+  REQUIRE(write_synthetic_trace(in, o).is_ok());
+  const PfTrace t = replay(perfetto_decoded(dir, in));
+  std::map<uint64_t, uint64_t> start_of;  // corr_id -> time of its job_start
+  for (const auto& ev : t.events)
+    if (ev.name == "job_start") start_of[std::stoull(ev.args.at("corr_id"))] = ev.ts;
+  size_t marks = 0;
+  for (const auto& ev : t.events) {
+    if (ev.name != "order within the clock bound") continue;
+    ++marks;
+    CHECK(ev.args.at("bound_ns") == "200");
+    CHECK(start_of.at(std::stoull(ev.args.at("corr_id"))) == ev.ts);
+  }
+  CHECK(marks == 25);
+}
+
 // A host thread (tid known from the trace) gets its kernel events: switches
 // as off-CPU slices on its "thread state" track, syscalls as slices named by
 // the syscall on its own track; another thread's events stay on its CPU's.

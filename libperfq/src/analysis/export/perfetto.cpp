@@ -23,6 +23,7 @@
 #include <map>
 #include <optional>
 #include <set>
+#include <unordered_map>
 
 #include "analysis/export/export_internal.h"
 #include "analysis/sync_residuals.h"
@@ -527,8 +528,53 @@ class PerfettoExport : public TraceVisitor {
       te.fixed64(pf::kTeTermFlow, flow_id(r.rec.arg));
     }
     seq_packet(tr, r.time_ns, interned, te);
+    if (ev.role != kNoRole) order_mark(r, ev.role, tr);
     if (r.kind() == PERFQ_KIND_LOST) lost(r.source, r.rec.stream, r.time_ns, r.rec.arg);
     gap(r);
+  }
+
+  // Where a job's device time, within the bound its conversion claims (or
+  // with none), could lie on the other side of its host neighbour (start
+  // before submit, end after complete), an instant says so beside the
+  // event: the flow's order there is not known.
+  void order_mark(const TraceRecord& r, JobRole role, Track& tr) {
+    JobTimes& j = jobs_[r.rec.arg];
+    const bool unbounded = r.claim_ns == kClaimUnbounded;
+    const int64_t claim = unbounded ? 0 : r.claim_ns;
+    bool uncertain = false;
+    switch (role) {
+      case kSubmit:
+        j.submit = r.time_ns;
+        j.have_submit = true;
+        return;
+      case kStart:
+        uncertain = j.have_submit && (unbounded || r.time_ns - claim <= j.submit);
+        break;
+      case kEnd:
+        j.end = r.time_ns;
+        j.end_claim = r.claim_ns;
+        j.have_end = true;
+        return;
+      case kComplete:
+        uncertain = j.have_end && (j.end_claim == kClaimUnbounded ||
+                                   j.end + static_cast<int64_t>(j.end_claim) >= r.time_ns);
+        jobs_.erase(r.rec.arg);
+        break;
+      default:
+        return;
+    }
+    if (!uncertain) return;
+    const uint32_t bound = role == kStart ? r.claim_ns : j.end_claim;
+    Pb te, interned;
+    te.u64(pf::kTeType, pf::kInstant);
+    te.u64(pf::kTeNameIid,
+           name_iid(tr.seq,
+                    bound == kClaimUnbounded ? "order unknown: device time unsynchronized"
+                                             : "order within the clock bound",
+                    interned));
+    if (bound != kClaimUnbounded) annotate_uint(tr.seq, te, interned, "bound_ns", bound);
+    annotate_uint(tr.seq, te, interned, "corr_id", r.rec.arg);
+    seq_packet(tr, r.time_ns, interned, te);
   }
 
   // A kernel event of an application thread (arg = value << 32 | tid):
@@ -684,6 +730,13 @@ class PerfettoExport : public TraceVisitor {
   std::map<uint32_t, uint64_t> lost_;
   std::map<uint32_t, uint64_t> last_index_;
   std::map<uint16_t, uint64_t> failed_rounds_;
+  // Jobs in flight: the times their order marks compare.
+  struct JobTimes {
+    int64_t submit = 0, end = 0;
+    uint32_t end_claim = 0;
+    bool have_submit = false, have_end = false;
+  };
+  std::unordered_map<uint64_t, JobTimes> jobs_;
   analysis::SyncResiduals residuals_;
 };
 
