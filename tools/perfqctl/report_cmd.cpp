@@ -1,4 +1,5 @@
-// perfqctl report FILE [--json] [--resync] [--html OUT.html]
+// perfqctl report FILE [--json] [--resync] [--html OUT.html] [--from T] [--to T]
+//   [--source S] [--stream N] [--event E]
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
@@ -48,12 +49,38 @@ bool write_file(const std::string& path, const std::string& text) {
 
 }  // namespace
 
+void add_filter_options(CLI::App& sub, FilterArgs& f) {
+  sub.add_option("--from", f.from,
+                 "only from this time: seconds from the start (1.5) or absolute host ns (NNNns)");
+  sub.add_option("--to", f.to, "only up to this time (as --from)");
+  sub.add_option("--source", f.sources, "only this source (id or name; repeatable)");
+  sub.add_option("--stream", f.streams, "only this stream number (repeatable)");
+  sub.add_option("--event", f.events, "only this event (name; repeatable)");
+}
+
+bool filter_of(const FilterArgs& f, const char* cmd, perfq::TraceFilter& out) {
+  for (auto [text, slot] : {std::pair{&f.from, &out.from}, std::pair{&f.to, &out.to}}) {
+    if (text->empty()) continue;
+    auto t = perfq::parse_trace_time(*text);
+    if (!t.is_ok()) {
+      std::fprintf(stderr, "perfqctl: %s: %s\n", cmd, t.status().message().c_str());
+      return false;
+    }
+    *slot = t.value();
+  }
+  out.sources = f.sources;
+  out.streams = f.streams;
+  out.events = f.events;
+  return true;
+}
+
 void add_report_command(CLI::App& app, int& exit_code) {
   struct Args {
     std::string file;
     bool json = false;
     bool resync = false;
     std::string html;
+    FilterArgs filter;
   };
   auto args = std::make_shared<Args>();
   CLI::App* sub = app.add_subcommand("report", "analyse a trace: records, losses, sync, latencies");
@@ -63,13 +90,18 @@ void add_report_command(CLI::App& app, int& exit_code) {
                 "recompute device times with one offline model fitted over all sync samples");
   sub->add_option("--html", args->html,
                   "write the report as one self-contained HTML page with charts to this file");
+  add_filter_options(*sub, args->filter);
   sub->callback([args, &exit_code] {
+    perfq::TraceReportOptions opt;
+    if (!filter_of(args->filter, "report", opt.filter)) {
+      exit_code = kExitUsage;
+      return;
+    }
     std::string chartjs;
     if (!args->html.empty() && !read_chartjs(chartjs)) {
       exit_code = kExitFail;
       return;
     }
-    perfq::TraceReportOptions opt;
     opt.resync = args->resync;
     auto r = perfq::analyze_trace(args->file, opt);
     if (!r.is_ok()) {

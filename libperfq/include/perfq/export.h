@@ -19,6 +19,7 @@
 #include <string>
 #include <string_view>
 
+#include "perfq/filter.h"
 #include "perfq/status.h"
 
 namespace perfq {
@@ -39,7 +40,8 @@ struct TraceExportSummary {
 
 // Exports the trace at `in` to `out` (a file; a directory for ctf, created
 // if missing).  Fails on an unreadable input header or any write error.
+// Only what `filter` keeps is exported (perfq/filter.h).
 Result<TraceExportSummary> export_trace(const std::string& in, TraceExportFormat format,
-                                        const std::string& out);
+                                        const std::string& out, const TraceFilter& filter = {});
 
 }  // namespace perfq

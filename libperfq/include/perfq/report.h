@@ -11,6 +11,7 @@
 #include <string_view>
 #include <vector>
 
+#include "perfq/filter.h"
 #include "perfq/status.h"
 #include "perfq/trace.h"
 
@@ -82,6 +83,10 @@ struct TraceReportOptions {
   // metadata.  A device whose rounds cannot be fitted keeps its online
   // times, and TraceReport::resync_notes says so.
   bool resync = false;
+  // Only part of the trace (perfq/filter.h).  With an event filter the
+  // other events' records are not seen, so index gaps are not counted as
+  // losses (TraceReport::index_gaps_counted).
+  TraceFilter filter;
 };
 
 struct ReportStream {
@@ -264,7 +269,8 @@ struct TraceReport {
   uint64_t records_device = 0;
   uint64_t lost_host = 0;
   uint64_t lost_device = 0;
-  uint64_t unmatched_ends = 0;  // END with no open BEGIN on its stream
+  bool index_gaps_counted = true;  // false under an event filter
+  uint64_t unmatched_ends = 0;     // END with no open BEGIN on its stream
   std::vector<ReportStream> streams;
   std::vector<ReportSync> sync;
   std::vector<std::string> resync_notes;  // devices --resync could not fit

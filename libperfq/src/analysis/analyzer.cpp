@@ -90,7 +90,10 @@ struct Resync {
 
 class Analyzer : public TraceVisitor {
  public:
-  Analyzer(TraceReport& r, const std::map<uint16_t, Resync>* resync) : r_(r), resync_(resync) {}
+  Analyzer(TraceReport& r, const std::map<uint16_t, Resync>* resync, bool count_gaps)
+      : r_(r), resync_(resync), count_gaps_(count_gaps) {
+    r_.index_gaps_counted = count_gaps;
+  }
 
   Status on_metadata(const TraceMetadata& m) override {
     r_.metadata = m;
@@ -327,7 +330,7 @@ class Analyzer : public TraceVisitor {
     StreamState& st = stream(in.source, rec.stream);
     ++st.stat.records;
     timeline_.add_records(in.source, rec.stream, t, 1);
-    if (st.seen && rec.index > st.last_index + 1) {
+    if (count_gaps_ && st.seen && rec.index > st.last_index + 1) {
       st.stat.gap_lost += rec.index - st.last_index - 1;
       st.gaps.note(t, rec.index);
       timeline_.add_lost(in.source, rec.stream, t, rec.index - st.last_index - 1);
@@ -535,6 +538,7 @@ class Analyzer : public TraceVisitor {
 
   TraceReport& r_;
   const std::map<uint16_t, Resync>* resync_;
+  bool count_gaps_ = true;
   analysis::Timeline timeline_;
   std::vector<ReportJob> worst_jobs_;
   bool have_time_ = false;
@@ -634,8 +638,9 @@ Result<TraceReport> analyze_trace(const std::string& path, const TraceReportOpti
       models[src] = std::move(rs);
     }
   }
-  Analyzer a(r, options.resync ? &models : nullptr);
-  Status s = reader->read(a);
+  Analyzer a(r, options.resync ? &models : nullptr, options.filter.events.empty());
+  auto filtered = make_filter_visitor(options.filter, a);
+  Status s = reader->read(options.filter.empty() ? static_cast<TraceVisitor&>(a) : *filtered);
   if (!s.is_ok()) {
     if (s.code() != Errc::kCorrupt) return s;
     r.stopped_early = s.message();

@@ -65,7 +65,10 @@ void records_json(const TraceReport& r, ordered_json& j) {
                   {"device", r.records_device},
                   {"total", r.records_host + r.records_device},
                   {"streams", streams}};
-  j["lost"] = {{"host", r.lost_host}, {"device", r.lost_device}, {"streams", loss_streams}};
+  j["lost"] = {{"host", r.lost_host},
+               {"device", r.lost_device},
+               {"index_gaps_counted", r.index_gaps_counted},
+               {"streams", loss_streams}};
 }
 
 ordered_json claims_json(const ReportClaims& c) {

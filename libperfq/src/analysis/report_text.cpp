@@ -90,7 +90,11 @@ void records_text(const TraceReport& r, Line& line) {
     line(fmt::format("  {:<24} {:<6} stream {:<5} {:>12} records", source_name(r, s.source),
                      source_kind(r, s.source), s.stream, s.records));
   }
-  line(fmt::format("lost          host {}  device {}", r.lost_host, r.lost_device));
+  line(fmt::format(
+      "lost          host {}  device {}{}", r.lost_host, r.lost_device,
+      r.index_gaps_counted
+          ? ""
+          : "  (as reported only: with --event, index gaps are not losses one can see)"));
   for (const auto& s : r.streams) {
     if (!s.lost && !s.loss_events) continue;
     line(

@@ -14,6 +14,8 @@
 #include <sstream>
 
 #include "perfq/export.h"
+#include "perfq/filter.h"
+#include "perfq/report.h"
 #include "perfq_kevent.h"
 #include "trace/synth.h"
 
@@ -575,4 +577,78 @@ TEST_CASE("export: a damaged input exports what came before and says where", "[e
 }
 
 }  // namespace
+}  // namespace perfq
+
+namespace perfq {
+
+// Part of a trace (perfq/filter.h): what an export and the report keep.
+TEST_CASE("filter: --from/--to, --source, --stream and --event keep only their part",
+          "[export][report][filter]") {
+  TempDir dir("filter");
+  const std::string in = make_trace(dir);  // 50 jobs, 100 us apart from 1 s
+  const Expected e = expected_of(in);
+  SECTION("a source and an event, in the CSV") {
+    TraceFilter f;
+    f.sources = {"synth-dev"};
+    f.events = {"job_start"};
+    REQUIRE(export_trace(in, TraceExportFormat::kCsv, dir.file("f.csv"), f).is_ok());
+    const auto lines = lines_of(slurp(dir.file("f.csv")));
+    REQUIRE(lines.size() == 1 + 50);
+    for (size_t i = 1; i < lines.size(); ++i) {
+      INFO(lines[i]);
+      CHECK(lines[i].find(",synth-dev,") != std::string::npos);
+      CHECK(lines[i].find(",job_start,begin,") != std::string::npos);
+    }
+  }
+  SECTION("a stream, by id, in the report") {
+    TraceReportOptions o;
+    o.filter.sources = {"1"};
+    o.filter.streams = {2};
+    auto r = analyze_trace(in, o);
+    REQUIRE(r.is_ok());
+    size_t want = 0;
+    for (const auto& rec : e.records) want += rec.source == 1 && rec.rec.stream == 2;
+    CHECK(r->records_device == want);
+    CHECK(r->records_host == 0);
+    CHECK(r->index_gaps_counted);
+  }
+  SECTION("a time window, relative and absolute") {
+    auto first = e.records.front().time_ns;
+    for (const char* from : {"0.001", "absolute"}) {
+      TraceReportOptions o;
+      const int64_t a = first + 1'000'000, b = first + 2'000'000;
+      if (std::string(from) == "absolute") {
+        o.filter.from = parse_trace_time(std::to_string(a) + "ns").value();
+        o.filter.to = parse_trace_time(std::to_string(b) + "ns").value();
+      } else {
+        o.filter.from = parse_trace_time("0.001").value();
+        o.filter.to = parse_trace_time("0.002").value();
+      }
+      auto r = analyze_trace(in, o);
+      REQUIRE(r.is_ok());
+      size_t want = 0;
+      for (const auto& rec : e.records) want += rec.time_ns >= a && rec.time_ns <= b;
+      INFO(from);
+      CHECK(r->records_host + r->records_device == want);
+      CHECK(r->first_ns >= a);
+      CHECK(r->last_ns <= b);
+    }
+  }
+  SECTION("an event filter does not count index gaps as losses") {
+    TraceReportOptions o;
+    o.filter.events = {"job_end"};
+    auto r = analyze_trace(in, o);
+    REQUIRE(r.is_ok());
+    CHECK(r->lost_device == 0);
+    CHECK(!r->index_gaps_counted);
+  }
+  SECTION("a bad time says what is wrong") {
+    auto t = parse_trace_time("soon");
+    REQUIRE(!t.is_ok());
+    CHECK_THAT(t.status().message(), Catch::Contains("bad time 'soon'"));
+    CHECK(parse_trace_time("12ns").value().absolute);
+    CHECK(parse_trace_time("1.5").value().seconds == 1.5);
+  }
+}
+
 }  // namespace perfq

@@ -32,7 +32,7 @@ const char* export_format_name(TraceExportFormat f) {
 }
 
 Result<TraceExportSummary> export_trace(const std::string& in, TraceExportFormat format,
-                                        const std::string& out) {
+                                        const std::string& out, const TraceFilter& filter) {
   using namespace export_detail;
   auto reader = TraceReader::open(in);
   if (!reader.is_ok()) return reader.status();
@@ -40,7 +40,8 @@ Result<TraceExportSummary> export_trace(const std::string& in, TraceExportFormat
   OutFile file;
   Status s;
   auto run = [&](TraceVisitor& v) -> Status {
-    Status r = reader->read(v);
+    auto filtered = make_filter_visitor(filter, v);
+    Status r = reader->read(filter.empty() ? v : *filtered);
     sum.records = reader->summary().records;
     if (!r.is_ok() && r.code() == Errc::kCorrupt) {
       sum.stopped_early = r.message();
