@@ -104,6 +104,33 @@ TEST_CASE("perfqctl export writes every format", "[perfqctl][export]") {
   CHECK(std::filesystem::exists(dir.file("out.ctf/metadata")));
 }
 
+// The progress bar: on a terminal (script(1) gives perfqctl a pty) once the
+// work has run PERFQ_PROGRESS_AFTER_MS (0 here, so that a small trace
+// shows it); never when stderr is not a terminal.
+TEST_CASE("perfqctl report/export: a progress bar on a terminal, nothing otherwise",
+          "[perfqctl][progress]") {
+  TempDir dir("ctl");
+  const std::string trace = make_trace(dir);
+  if (sh("command -v script >/dev/null 2>&1") != 0)
+    FAIL("script(1) is not installed: it is in the Debian package bsdutils");
+  for (const std::string& cmd :
+       {"export " + trace + " -f chrome-json -o " + dir.file("o.json"), "report " + trace}) {
+    INFO(cmd);
+    REQUIRE(sh("PERFQ_PROGRESS_AFTER_MS=0 script -qec '" + std::string(PERFQCTL_PATH) + " " + cmd +
+               " >/dev/null' /dev/null > " + dir.file("tty.out")) == 0);
+    const std::string tty = slurp(dir.file("tty.out"));
+    INFO(tty);
+    CHECK(tty.find("records") != std::string::npos);
+    CHECK(tty.find("M/s") != std::string::npos);
+    CHECK(tty.find("left") != std::string::npos);
+    CHECK(tty.find("100%") != std::string::npos);
+    // Not a terminal: nothing on stderr.
+    Run r = perfqctl(dir, cmd);
+    REQUIRE(r.rc == 0);
+    CHECK(r.err.empty());
+  }
+}
+
 TEST_CASE("perfqctl devices --pci-dump: the table of an lspci -xxx dump, no daemon",
           "[perfqctl][pci]") {
   TempDir dir("ctl");

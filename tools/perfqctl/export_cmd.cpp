@@ -1,10 +1,12 @@
 // perfqctl export FILE --format perfetto|chrome-json|ctf|csv -o OUT [--from T] [--to T]
 //   [--source S] [--stream N] [--event E]
 #include <cstdio>
+#include <optional>
 #include <string>
 
 #include "commands.h"
 #include "perfq/export.h"
+#include "progress.h"
 
 namespace perfqctl {
 
@@ -35,7 +37,9 @@ void add_export_command(CLI::App& app, int& exit_code) {
       exit_code = kExitUsage;
       return;
     }
-    auto r = perfq::export_trace(args->file, fmt.value(), args->out, filter);
+    std::optional<TerminalProgress> bar(std::in_place);
+    auto r = perfq::export_trace(args->file, fmt.value(), args->out, filter, bar->callback());
+    bar.reset();
     if (!r.is_ok()) {
       std::fprintf(stderr, "perfqctl: export: %s\n", r.status().message().c_str());
       exit_code = kExitFail;

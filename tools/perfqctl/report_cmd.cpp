@@ -3,11 +3,13 @@
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <optional>
 #include <sstream>
 #include <string>
 
 #include "commands.h"
 #include "perfq/report.h"
+#include "progress.h"
 
 namespace perfqctl {
 
@@ -103,7 +105,10 @@ void add_report_command(CLI::App& app, int& exit_code) {
       return;
     }
     opt.resync = args->resync;
+    std::optional<TerminalProgress> bar(std::in_place);
+    opt.progress = bar->callback();
     auto r = perfq::analyze_trace(args->file, opt);
+    bar.reset();  // the bar off the terminal before anything is printed
     if (!r.is_ok()) {
       std::fprintf(stderr, "perfqctl: report: %s\n", r.status().message().c_str());
       exit_code = kExitFail;

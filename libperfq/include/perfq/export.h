@@ -20,6 +20,7 @@
 #include <string_view>
 
 #include "perfq/filter.h"
+#include "perfq/progress.h"
 #include "perfq/status.h"
 
 namespace perfq {
@@ -40,8 +41,10 @@ struct TraceExportSummary {
 
 // Exports the trace at `in` to `out` (a file; a directory for ctf, created
 // if missing).  Fails on an unreadable input header or any write error.
-// Only what `filter` keeps is exported (perfq/filter.h).
+// Only what `filter` keeps is exported (perfq/filter.h); `progress`, when
+// set, is called after each chunk.
 Result<TraceExportSummary> export_trace(const std::string& in, TraceExportFormat format,
-                                        const std::string& out, const TraceFilter& filter = {});
+                                        const std::string& out, const TraceFilter& filter = {},
+                                        const TraceProgress& progress = {});
 
 }  // namespace perfq

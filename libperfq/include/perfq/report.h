@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "perfq/filter.h"
+#include "perfq/progress.h"
 #include "perfq/status.h"
 #include "perfq/trace.h"
 
@@ -87,6 +88,7 @@ struct TraceReportOptions {
   // other events' records are not seen, so index gaps are not counted as
   // losses (TraceReport::index_gaps_counted).
   TraceFilter filter;
+  TraceProgress progress;  // called after each chunk when set
 };
 
 struct ReportStream {

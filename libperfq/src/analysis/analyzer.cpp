@@ -7,6 +7,7 @@
 #include <cerrno>
 #include <cmath>
 #include <cstdlib>
+#include <filesystem>
 #include <memory>
 #include <optional>
 #include <set>
@@ -605,9 +606,19 @@ Result<TraceReport> analyze_trace(const std::string& path, const TraceReportOpti
   TraceReport r;
   r.path = path;
   std::map<uint16_t, Resync> models;
+  std::error_code size_error;
+  const uint64_t bytes_total = std::filesystem::file_size(path, size_error);
+  const int passes = options.resync ? 2 : 1;
+  // The visitor with a progress callback around it, when one is wanted.
+  auto with_progress = [&](TraceVisitor& v, int pass) -> std::unique_ptr<TraceVisitor> {
+    if (!options.progress) return nullptr;
+    return make_progress_visitor(*reader, size_error ? 0 : bytes_total, pass, passes,
+                                 options.progress, v);
+  };
   if (options.resync) {
     SampleCollector c;
-    Status s = reader->read(c);
+    auto shown = with_progress(c, 1);
+    Status s = reader->read(shown ? *shown : static_cast<TraceVisitor&>(c));
     if (!s.is_ok() && s.code() != Errc::kCorrupt) return s;
     for (auto& [src, samples] : c.samples) {
       Resync rs;
@@ -640,7 +651,9 @@ Result<TraceReport> analyze_trace(const std::string& path, const TraceReportOpti
   }
   Analyzer a(r, options.resync ? &models : nullptr, options.filter.events.empty());
   auto filtered = make_filter_visitor(options.filter, a);
-  Status s = reader->read(options.filter.empty() ? static_cast<TraceVisitor&>(a) : *filtered);
+  TraceVisitor& inner = options.filter.empty() ? static_cast<TraceVisitor&>(a) : *filtered;
+  auto shown = with_progress(inner, passes);
+  Status s = reader->read(shown ? *shown : inner);
   if (!s.is_ok()) {
     if (s.code() != Errc::kCorrupt) return s;
     r.stopped_early = s.message();
