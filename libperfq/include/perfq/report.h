@@ -152,6 +152,16 @@ struct ReportSync {
   std::vector<ReportSegment> segment_list;  // in host-time order
 };
 
+// A counter's values (its records' args), with the host times of its
+// smallest and largest (the first of each), to find them on the timeline.
+struct ReportValues {
+  uint64_t min = 0;
+  uint64_t max = 0;
+  double mean = 0;
+  int64_t min_at_ns = 0;
+  int64_t max_at_ns = 0;
+};
+
 struct ReportEvent {
   uint16_t source = 0;
   uint32_t event = 0;
@@ -159,6 +169,7 @@ struct ReportEvent {
   uint16_t kind = 0;
   uint64_t count = 0;
   double rate_per_s = 0;
+  ReportValues values;  // PERFQ_KIND_COUNTER only
 };
 
 // Durations of begin/end pairs: an END closes the innermost open BEGIN of

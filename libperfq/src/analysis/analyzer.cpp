@@ -354,6 +354,7 @@ class Analyzer : public TraceVisitor {
       eit->second.kind = in.kind();
     }
     ++eit->second.count;
+    if (in.kind() == PERFQ_KIND_COUNTER) counter_value(eit->second, rec.arg, t);
 
     switch (in.kind()) {
       case PERFQ_KIND_LOST:
@@ -523,6 +524,21 @@ class Analyzer : public TraceVisitor {
     lat_[2].add(j.t[3] - j.t[2]);
     if (!(j.t[0] <= j.t[1] && j.t[1] <= j.t[2] && j.t[2] <= j.t[3])) ++r_.causality_violations;
     jobs_.erase(id);
+  }
+
+  // A counter's value: min and max with their first times, and the mean
+  // (a running one: exact enough in double for any count).
+  static void counter_value(ReportEvent& e, uint64_t v, int64_t t) {
+    ReportValues& s = e.values;
+    if (e.count == 1 || v < s.min) {
+      s.min = v;
+      s.min_at_ns = t;
+    }
+    if (e.count == 1 || v > s.max) {
+      s.max = v;
+      s.max_at_ns = t;
+    }
+    s.mean += (static_cast<double>(v) - s.mean) / static_cast<double>(e.count);
   }
 
   // Keeps the kWorstJobs longest jobs (submit to complete).

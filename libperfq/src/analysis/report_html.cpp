@@ -381,6 +381,20 @@ const PHASES = [['submit_to_start_ns', 'submit \u2192 start'],
     return [fig(p + 'name', e.name), fig(p + 'source_name', e.source_name), fig(p + 'kind', e.kind),
             count(p + 'count', e.count), fig(p + 'rate_per_s', fmtRate(e.rate_per_s))];
   }));
+  add(s, 'h3', {}, 'Counters: their values');
+  const fmtNum = (v) => Number(v).toLocaleString('en-US', {maximumFractionDigits: 1});
+  const fromStart = (p, ns) => fig(p, ((ns - R.timeline.start_ns) / 1e9).toFixed(9) + ' s');
+  const counters = R.events.map((e, i) => [e, i]).filter(([e]) => e.values);
+  if (counters.length === 0) note(s, 'No counter in this trace.');
+  else
+    table(s, ['counter', 'source', 'min', 'at (s from start)', 'mean', 'max', 'at (s from start)'],
+          counters.map(([e, i]) => {
+            const p = 'events.' + i + '.values.';
+            return [e.name, e.source_name, fig(p + 'min', fmtNum(e.values.min)),
+                    fromStart(p + 'min_at_ns', e.values.min_at_ns),
+                    fig(p + 'mean', fmtNum(e.values.mean)), fig(p + 'max', fmtNum(e.values.max)),
+                    fromStart(p + 'max_at_ns', e.values.max_at_ns)];
+          }));
   add(s, 'h3', {}, 'Durations of begin/end pairs');
   table(s, ['range', 'source', 'count', 'p50', 'p99', 'max'], R.durations.map((d, i) => {
     const p = 'durations.' + i + '.duration_ns.';

@@ -138,13 +138,20 @@ ordered_json sync_section_json(const TraceReport& r) {
 ordered_json events_json(const TraceReport& r) {
   ordered_json events = ordered_json::array();
   for (const auto& e : r.events) {
-    events.push_back({{"source", e.source},
+    ordered_json o = {{"source", e.source},
                       {"source_name", source_name(r, e.source)},
                       {"event", e.event},
                       {"name", e.name},
                       {"kind", record_kind_name(e.kind)},
                       {"count", e.count},
-                      {"rate_per_s", e.rate_per_s}});
+                      {"rate_per_s", e.rate_per_s}};
+    if (e.kind == PERFQ_KIND_COUNTER && e.count)
+      o["values"] = {{"min", e.values.min},
+                     {"mean", e.values.mean},
+                     {"max", e.values.max},
+                     {"min_at_ns", e.values.min_at_ns},
+                     {"max_at_ns", e.values.max_at_ns}};
+    events.push_back(o);
   }
   return events;
 }

@@ -166,6 +166,10 @@ std::string report_to_text(const TraceReport& r) {
   for (const auto& e : r.events) {
     line(fmt::format("  {:<24} {:<24} {:<8} {:>12}  {:>12.1f}/s", source_name(r, e.source), e.name,
                      record_kind_name(e.kind), e.count, e.rate_per_s));
+    if (e.kind == PERFQ_KIND_COUNTER && e.count)
+      line(fmt::format("  {:<24} values min {} (at {}) mean {:.1f} max {} (at {})", "",
+                       e.values.min, e.values.min_at_ns, e.values.mean, e.values.max,
+                       e.values.max_at_ns));
   }
   line("durations (begin/end)");
   for (const auto& p : r.pairs) {

@@ -562,3 +562,40 @@ TEST_CASE("report: a torn trace is reported with what came before", "[report]") 
 
 }  // namespace
 }  // namespace perfq
+
+namespace perfq {
+
+// Counters get their values' min, mean and max, each extreme with the host
+// time of its first occurrence.
+TEST_CASE("report: a counter's min, mean and max, and when", "[report]") {
+  TempDir dir("counters");
+  const std::string path = dir.file("c.pq");
+  SynthTraceOptions o;
+  o.jobs = 80;  // queue_depth = i % 8 at submit + 1 ns; dma_bytes = 4096
+  REQUIRE(write_synthetic_trace(path, o).is_ok());
+  auto r = analyze_trace(path);
+  REQUIRE(r.is_ok());
+  bool seen = false;
+  for (const auto& e : r->events) {
+    if (e.name != "queue_depth") continue;
+    seen = true;
+    CHECK(e.count == 80);
+    CHECK(e.values.min == 0);
+    CHECK(e.values.max == 7);
+    CHECK(e.values.mean == Approx(3.5));
+    CHECK(e.values.min_at_ns == o.start_ns + 1);
+    CHECK(e.values.max_at_ns == o.start_ns + 7 * o.period_ns + 1);
+  }
+  CHECK(seen);
+  const auto j = nlohmann::json::parse(report_to_json(r.value()));
+  bool in_json = false;
+  for (const auto& e : j["events"])
+    if (e["name"] == "dma_bytes") {
+      in_json = true;
+      CHECK(e["values"]["min"] == 4096);
+      CHECK(e["values"]["max"] == 4096);
+    }
+  CHECK(in_json);
+}
+
+}  // namespace perfq
