@@ -103,6 +103,8 @@ std::optional<Shown> parse_shown(std::string text) {
     scale = 1e6;
   } else if (unit == "s") {
     scale = 1e9;
+  } else if (unit == "%") {
+    scale = 0.01;
   } else if (unit == "GB/s") {
     scale = 1e9;
   } else {

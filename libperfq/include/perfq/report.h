@@ -180,6 +180,21 @@ struct ReportPair {
   LatencyStats duration;
 };
 
+// A range inside another on the same stream (a copy inside an iteration):
+// how much of the enclosing ranges' time it takes, as `nsys stats` gives a
+// percentage of time.  share = child_ns / parent_ns, where child_ns is the
+// time of the child ranges that closed inside an open parent of that name
+// and parent_ns the time of every parent range of that name.
+struct ReportNested {
+  uint16_t source = 0;
+  std::string parent;
+  std::string child;
+  uint64_t count = 0;  // child ranges inside a parent
+  double child_ns = 0;
+  double parent_ns = 0;
+  double share = 0;
+};
+
 // Where the trace has scheduler events (perfqctl start --kernel-events
 // sched): per complete job, how long the thread that recorded job_submit
 // was switched out between the job's submit and complete.
@@ -289,6 +304,7 @@ struct TraceReport {
   std::vector<std::string> resync_notes;  // devices --resync could not fit
   std::vector<ReportEvent> events;
   std::vector<ReportPair> pairs;
+  std::vector<ReportNested> nested;
   ReportJobs jobs;
   uint64_t causality_violations = 0;  // complete jobs not submit <= start <= end <= complete
   ReportTimeline timeline;

@@ -11,6 +11,7 @@
 #include <memory>
 #include <optional>
 #include <set>
+#include <tuple>
 #include <unordered_map>
 
 #include <fmt/format.h>
@@ -183,6 +184,18 @@ class Analyzer : public TraceVisitor {
     }
     for (auto& [key, h] : pairs_) {
       r_.pairs.push_back({key.first, key.second, h.summary()});
+    }
+    for (auto& [key, n] : nested_) {
+      const auto& [source, parent, child] = key;
+      n.source = source;
+      n.parent = parent;
+      n.child = child;
+      if (auto p = pairs_.find({source, parent}); p != pairs_.end()) {
+        const LatencyStats d = p->second.summary();
+        n.parent_ns = d.mean * static_cast<double>(d.count);
+      }
+      n.share = n.parent_ns > 0 ? n.child_ns / n.parent_ns : 0;
+      r_.nested.push_back(n);
     }
     finish_sync(opt);
     finish_jobs();
@@ -371,7 +384,13 @@ class Analyzer : public TraceVisitor {
         } else {
           auto [bev, bt] = st.open.back();
           st.open.pop_back();
-          pairs_[{in.source, info(in.source, bev).name}].add(t - bt);
+          const std::string& child = info(in.source, bev).name;
+          pairs_[{in.source, child}].add(t - bt);
+          if (!st.open.empty()) {
+            auto& n = nested_[{in.source, info(in.source, st.open.back().first).name, child}];
+            ++n.count;
+            n.child_ns += static_cast<double>(t - bt);
+          }
         }
         break;
       default:
@@ -565,6 +584,7 @@ class Analyzer : public TraceVisitor {
   std::unordered_map<uint64_t, EvInfo> evinfo_;
   std::map<uint64_t, ReportEvent> events_;
   std::map<std::pair<uint16_t, std::string>, LatencyHistogram> pairs_;
+  std::map<std::tuple<uint16_t, std::string, std::string>, ReportNested> nested_;
   std::map<uint16_t, ReportSync> sync_;
   std::map<uint16_t, std::set<uint32_t>> segments_;
   std::map<uint16_t, ClockModel> last_model_;  // the newest valid model per device

@@ -401,6 +401,13 @@ const PHASES = [['submit_to_start_ns', 'submit \u2192 start'],
     return [d.name, d.source_name, count(p + 'count', d.duration_ns.count), ns(p + 'p50', d.duration_ns.p50),
             ns(p + 'p99', d.duration_ns.p99), ns(p + 'max', d.duration_ns.max)];
   }));
+  add(s, 'h3', {}, 'Ranges inside ranges: their share of the enclosing time');
+  if (R.nested.length === 0) note(s, 'No range of this trace closed inside another.');
+  else
+    table(s, ['range', 'inside', 'source', 'count', 'share of the enclosing time'],
+          R.nested.map((n, i) => [n.child, n.parent, n.source_name,
+                                  count('nested.' + i + '.count', n.count),
+                                  fig('nested.' + i + '.share', (n.share * 100).toFixed(1) + ' %')]));
   note(s, 'The figures are those of perfqctl report --json on the same trace; the JSON is in this ' +
           'page (the script element #perfq-report).');
 }

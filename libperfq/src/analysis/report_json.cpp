@@ -274,6 +274,17 @@ std::string report_to_json(const TraceReport& r) {
   j["sync"] = sync_section_json(r);
   j["events"] = events_json(r);
   j["durations"] = durations_json(r);
+  ordered_json nested = ordered_json::array();
+  for (const auto& n : r.nested)
+    nested.push_back({{"source", n.source},
+                      {"source_name", source_name(r, n.source)},
+                      {"parent", n.parent},
+                      {"child", n.child},
+                      {"count", n.count},
+                      {"child_ns", n.child_ns},
+                      {"parent_ns", n.parent_ns},
+                      {"share", n.share}});
+  j["nested"] = nested;
   j["unmatched_ends"] = r.unmatched_ends;
   j["jobs"] = jobs_json(r.jobs);
   if (r.jobs.off_cpu.available) j["off_cpu"] = off_cpu_json(r.jobs.off_cpu);

@@ -177,6 +177,9 @@ std::string report_to_text(const TraceReport& r) {
         fmt::format("  {:<24} {:<24} {}", source_name(r, p.source), p.name, dist_text(p.duration)));
   }
   if (r.unmatched_ends) line(fmt::format("  {} end records had no open begin", r.unmatched_ends));
+  for (const auto& n : r.nested)
+    line(fmt::format("  {:<24} {} inside {}: {:.1f}% of its time ({} ranges)",
+                     source_name(r, n.source), n.child, n.parent, n.share * 100, n.count));
   jobs_text(r, line);
   line(fmt::format("causality violations  {}", r.causality_violations));
   return o;

@@ -599,3 +599,57 @@ TEST_CASE("report: a counter's min, mean and max, and when", "[report]") {
 }
 
 }  // namespace perfq
+
+namespace perfq {
+
+// Nested ranges: an iteration of 1000 ns holding a copy of 250 ns and a
+// kernel of 500 ns: the copy is 25% of the iteration's time, the kernel 50%.
+TEST_CASE("report: a range's share of the range around it", "[report]") {
+  TempDir dir("nested");
+  const std::string path = dir.file("n.pq");
+  TraceMetadata meta;
+  TraceSource app;
+  app.id = 0;
+  app.name = "app";
+  app.events = {{1, PERFQ_KIND_BEGIN, "iteration"}, {2, PERFQ_KIND_END, "iteration_end"},
+                {3, PERFQ_KIND_BEGIN, "copy"},      {4, PERFQ_KIND_END, "copy_end"},
+                {5, PERFQ_KIND_BEGIN, "kernel"},    {6, PERFQ_KIND_END, "kernel_end"}};
+  meta.sources = {app};
+  std::vector<TraceRecord> recs;
+  uint64_t index = 0;
+  auto add = [&](uint32_t ev, uint16_t kind, int64_t t) {
+    TraceRecord r;
+    r.rec.index = index++;
+    r.rec.event = ev;
+    r.rec.flags = PERFQ_FLAGS(kind, PERFQ_CLOCK_HOST);
+    r.rec.time = static_cast<uint64_t>(t);
+    r.time_ns = t;
+    recs.push_back(r);
+  };
+  for (int64_t i = 0; i < 10; ++i) {
+    const int64_t t = 1'000'000 + i * 2'000;
+    add(1, PERFQ_KIND_BEGIN, t);
+    add(3, PERFQ_KIND_BEGIN, t + 100);
+    add(4, PERFQ_KIND_END, t + 350);
+    add(5, PERFQ_KIND_BEGIN, t + 400);
+    add(6, PERFQ_KIND_END, t + 900);
+    add(2, PERFQ_KIND_END, t + 1000);
+  }
+  auto w = TraceWriter::open(path, meta);
+  REQUIRE(w.is_ok());
+  REQUIRE(w->append_records(recs).is_ok());
+  REQUIRE(w->close().is_ok());
+  auto r = analyze_trace(path);
+  REQUIRE(r.is_ok());
+  std::map<std::string, const ReportNested*> by_child;
+  for (const auto& n : r->nested) by_child[n.child] = &n;
+  REQUIRE(by_child.size() == 2);
+  CHECK(by_child.at("copy")->parent == "iteration");
+  CHECK(by_child.at("copy")->count == 10);
+  CHECK(by_child.at("copy")->share == Approx(0.25));
+  CHECK(by_child.at("kernel")->share == Approx(0.5));
+  CHECK_THAT(report_to_text(r.value()),
+             Catch::Contains("copy inside iteration: 25.0% of its time"));
+}
+
+}  // namespace perfq
