@@ -1,4 +1,4 @@
-// perfqctl report FILE [--json] [--resync] [--html OUT.html] [--from T] [--to T]
+// perfqctl report FILE [OTHER] [--json] [--resync] [--html OUT.html] [--from T] [--to T]
 //   [--source S] [--stream N] [--event E]
 #include <cstdio>
 #include <cstdlib>
@@ -49,6 +49,35 @@ bool write_file(const std::string& path, const std::string& text) {
   return true;
 }
 
+// `report A B`: the second run analysed as the first, the two side by side.
+void compare(const perfq::TraceReport& a, const std::string& other,
+             const perfq::TraceReportOptions& opt, bool json, int& exit_code) {
+  std::optional<TerminalProgress> bar(std::in_place);
+  perfq::TraceReportOptions o = opt;
+  o.progress = bar->callback();
+  auto b = perfq::analyze_trace(other, o);
+  bar.reset();
+  if (!b.is_ok()) {
+    std::fprintf(stderr, "perfqctl: report: %s\n", b.status().message().c_str());
+    exit_code = kExitFail;
+    return;
+  }
+  const std::string out =
+      json ? perfq::report_compare_json(a, b.value()) : perfq::report_compare_text(a, b.value());
+  std::fwrite(out.data(), 1, out.size(), stdout);
+  if (std::fflush(stdout) != 0) {
+    std::perror("perfqctl: report: stdout");
+    exit_code = kExitFail;
+    return;
+  }
+  exit_code = kExitOk;
+  for (const perfq::TraceReport* r : {&a, static_cast<const perfq::TraceReport*>(&b.value())}) {
+    if (r->stopped_early.empty()) continue;
+    std::fprintf(stderr, "perfqctl: report: trace damaged: %s\n", r->stopped_early.c_str());
+    exit_code = kExitFail;
+  }
+}
+
 }  // namespace
 
 void add_filter_options(CLI::App& sub, FilterArgs& f) {
@@ -79,6 +108,7 @@ bool filter_of(const FilterArgs& f, const char* cmd, perfq::TraceFilter& out) {
 void add_report_command(CLI::App& app, int& exit_code) {
   struct Args {
     std::string file;
+    std::string other;  // a second trace: compare
     bool json = false;
     bool resync = false;
     std::string html;
@@ -87,6 +117,8 @@ void add_report_command(CLI::App& app, int& exit_code) {
   auto args = std::make_shared<Args>();
   CLI::App* sub = app.add_subcommand("report", "analyse a trace: records, losses, sync, latencies");
   sub->add_option("FILE", args->file, "trace file")->required();
+  sub->add_option("OTHER", args->other,
+                  "a second trace: compare the two runs, each figure side by side with its change");
   sub->add_flag("--json", args->json, "print the report as JSON");
   sub->add_flag("--resync", args->resync,
                 "recompute device times with one offline model fitted over all sync samples");
@@ -105,6 +137,11 @@ void add_report_command(CLI::App& app, int& exit_code) {
       return;
     }
     opt.resync = args->resync;
+    if (!args->other.empty() && !args->html.empty()) {
+      std::fprintf(stderr, "perfqctl: report: --html takes one trace, not two\n");
+      exit_code = kExitUsage;
+      return;
+    }
     std::optional<TerminalProgress> bar(std::in_place);
     opt.progress = bar->callback();
     auto r = perfq::analyze_trace(args->file, opt);
@@ -112,6 +149,10 @@ void add_report_command(CLI::App& app, int& exit_code) {
     if (!r.is_ok()) {
       std::fprintf(stderr, "perfqctl: report: %s\n", r.status().message().c_str());
       exit_code = kExitFail;
+      return;
+    }
+    if (!args->other.empty()) {
+      compare(r.value(), args->other, opt, args->json, exit_code);
       return;
     }
     if (!args->html.empty() && !write_file(args->html, perfq::report_to_html(r.value(), chartjs))) {

@@ -321,5 +321,10 @@ std::string report_to_text(const TraceReport& r);  // for people
 // library's UMD build, chart.min.js) is `chartjs` and is inlined too, so the
 // page fetches nothing when it is opened.
 std::string report_to_html(const TraceReport& r, std::string_view chartjs);
+// Two runs side by side (`perfqctl report A B`): every figure of the JSON
+// report that both have (streams and events matched by name), A, B and the
+// change (absolute and relative).
+std::string report_compare_text(const TraceReport& a, const TraceReport& b);
+std::string report_compare_json(const TraceReport& a, const TraceReport& b);
 
 }  // namespace perfq
