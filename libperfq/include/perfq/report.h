@@ -178,6 +178,7 @@ struct ReportPair {
   uint16_t source = 0;
   std::string name;
   LatencyStats duration;
+  int64_t max_at_ns = 0;  // host time the longest (the first of them) began
 };
 
 // A range inside another on the same stream (a copy inside an iteration):

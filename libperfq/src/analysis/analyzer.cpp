@@ -183,7 +183,7 @@ class Analyzer : public TraceVisitor {
       r_.events.push_back(e);
     }
     for (auto& [key, h] : pairs_) {
-      r_.pairs.push_back({key.first, key.second, h.summary()});
+      r_.pairs.push_back({key.first, key.second, h.summary(), longest_[key].second});
     }
     for (auto& [key, n] : nested_) {
       const auto& [source, parent, child] = key;
@@ -386,6 +386,8 @@ class Analyzer : public TraceVisitor {
           st.open.pop_back();
           const std::string& child = info(in.source, bev).name;
           pairs_[{in.source, child}].add(t - bt);
+          auto [longest, first] = longest_.try_emplace({in.source, child}, t - bt, bt);
+          if (!first && t - bt > longest->second.first) longest->second = {t - bt, bt};
           if (!st.open.empty()) {
             auto& n = nested_[{in.source, info(in.source, st.open.back().first).name, child}];
             ++n.count;
@@ -585,6 +587,8 @@ class Analyzer : public TraceVisitor {
   std::map<uint64_t, ReportEvent> events_;
   std::map<std::pair<uint16_t, std::string>, LatencyHistogram> pairs_;
   std::map<std::tuple<uint16_t, std::string, std::string>, ReportNested> nested_;
+  // The longest range of each name: its duration and when it began.
+  std::map<std::pair<uint16_t, std::string>, std::pair<int64_t, int64_t>> longest_;
   std::map<uint16_t, ReportSync> sync_;
   std::map<uint16_t, std::set<uint32_t>> segments_;
   std::map<uint16_t, ClockModel> last_model_;  // the newest valid model per device

@@ -396,11 +396,15 @@ const PHASES = [['submit_to_start_ns', 'submit \u2192 start'],
                     fromStart(p + 'max_at_ns', e.values.max_at_ns)];
           }));
   add(s, 'h3', {}, 'Durations of begin/end pairs');
-  table(s, ['range', 'source', 'count', 'p50', 'p99', 'max'], R.durations.map((d, i) => {
-    const p = 'durations.' + i + '.duration_ns.';
-    return [d.name, d.source_name, count(p + 'count', d.duration_ns.count), ns(p + 'p50', d.duration_ns.p50),
-            ns(p + 'p99', d.duration_ns.p99), ns(p + 'max', d.duration_ns.max)];
-  }));
+  table(s, ['range', 'source', 'count', 'p50', 'p99', 'max', 'the longest began at (s from start)'],
+        R.durations.map((d, i) => {
+          const p = 'durations.' + i + '.duration_ns.';
+          return [d.name, d.source_name, count(p + 'count', d.duration_ns.count),
+                  ns(p + 'p50', d.duration_ns.p50), ns(p + 'p99', d.duration_ns.p99),
+                  ns(p + 'max', d.duration_ns.max),
+                  fig('durations.' + i + '.max_at_ns',
+                      ((d.max_at_ns - R.timeline.start_ns) / 1e9).toFixed(9) + ' s')];
+        }));
   add(s, 'h3', {}, 'Ranges inside ranges: their share of the enclosing time');
   if (R.nested.length === 0) note(s, 'No range of this trace closed inside another.');
   else

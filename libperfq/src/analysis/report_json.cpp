@@ -163,7 +163,8 @@ ordered_json durations_json(const TraceReport& r) {
     pairs.push_back({{"source", p.source},
                      {"source_name", source_name(r, p.source)},
                      {"name", p.name},
-                     {"duration_ns", d}});
+                     {"duration_ns", d},
+                     {"max_at_ns", p.max_at_ns}});
   }
   return pairs;
 }

@@ -173,8 +173,8 @@ std::string report_to_text(const TraceReport& r) {
   }
   line("durations (begin/end)");
   for (const auto& p : r.pairs) {
-    line(
-        fmt::format("  {:<24} {:<24} {}", source_name(r, p.source), p.name, dist_text(p.duration)));
+    line(fmt::format("  {:<24} {:<24} {} (the longest at {})", source_name(r, p.source), p.name,
+                     dist_text(p.duration), p.max_at_ns));
   }
   if (r.unmatched_ends) line(fmt::format("  {} end records had no open begin", r.unmatched_ends));
   for (const auto& n : r.nested)

@@ -650,6 +650,9 @@ TEST_CASE("report: a range's share of the range around it", "[report]") {
   CHECK(by_child.at("kernel")->share == Approx(0.5));
   CHECK_THAT(report_to_text(r.value()),
              Catch::Contains("copy inside iteration: 25.0% of its time"));
+  // Every range's longest, with when it began (all alike: the first).
+  for (const auto& p : r->pairs)
+    if (p.name == "iteration") CHECK(p.max_at_ns == 1'000'000);
 }
 
 }  // namespace perfq
