@@ -401,6 +401,7 @@ TEST_CASE("export perfetto: Perfetto's rules give back every record, its time an
     if (const PbNode* pd = td->child("process")) processes.insert(*pd->value("process_name"));
   CHECK(processes.count("device synth-dev (0000:03:00.0)") == 1);
   CHECK(processes.count("synth-app") == 1);
+  CHECK(processes.size() == 2);  // only sources with records
   // Counter tracks of the device's sync.
   std::set<std::string> counter_names;
   for (const auto& [uuid, td] : t.tracks)
@@ -480,7 +481,11 @@ TEST_CASE("export perfetto: kernel events land on their thread's tracks", "[expo
                  {PERFQ_KEV_SCHED_IN, PERFQ_KIND_INSTANT, "sched_switch_in"},
                  {PERFQ_KEV_SYSCALL_ENTER, PERFQ_KIND_INSTANT, "syscall_enter"},
                  {PERFQ_KEV_SYSCALL_EXIT, PERFQ_KIND_INSTANT, "syscall_exit"}};
-  meta.sources = {app, kern};
+  TraceSource gone;  // an application that exited before the recording: no records
+  gone.id = 257;
+  gone.name = "gone";
+  gone.pid = 4100;
+  meta.sources = {app, kern, gone};
   TraceBuilder b;
   b.instant(256, 0, 1, 1000, 7);
   b.instant(PERFQ_KERNEL_SOURCE, 0, PERFQ_KEV_SYSCALL_ENTER, 1200, uint64_t{230} << 32 | 4242);
@@ -507,6 +512,8 @@ TEST_CASE("export perfetto: kernel events land on their thread's tracks", "[expo
   }
   REQUIRE(state != 0);
   REQUIRE(cpu1 != 0);
+  for (const auto& [uuid, td] : t.tracks)
+    if (const PbNode* pd = td->child("process")) CHECK(*pd->value("process_name") != "gone");
   std::vector<std::string> on_thread, on_state, on_cpu1;
   for (const auto& ev : t.events) {
     const std::string d = std::to_string(ev.ts) + " " + ev.type + " " + ev.name;

@@ -148,7 +148,8 @@ class PerfettoExport : public TraceVisitor {
     names_.set_metadata(m);
     buf_.clear();
     if (!snapshot_done_) clock_snapshot(m);
-    for (const auto& s : m.sources) process(s.id);
+    // Processes are described with their first record or counter: an
+    // application that exited long before the recording has no track.
     return out_.write(buf_);
   }
 
