@@ -102,9 +102,13 @@ TEST_CASE("export chrome-json: speedscope in chromium loads it with no console e
   REQUIRE(write_synthetic_trace(in, o).is_ok());
   REQUIRE(export_trace(in, TraceExportFormat::kChromeJson, www + "/trace.json").is_ok());
 
-  // A local server (speedscope fetches the profile), on a port of its choice.
-  Child server(
-      {"/bin/sh", "-c", "cd " + www + " && exec python3 -u -m http.server --bind 127.0.0.1 0"});
+  // A local server (speedscope fetches the profile), on a port of its
+  // choice: the interpreter itself (not a wrapper such as a pyenv shim, which
+  // would outlive the kill at the end of the test).
+  REQUIRE(sh("python3 -c 'import sys; print(sys.executable)' > " + dir.file("python")) == 0);
+  std::string python = slurp(dir.file("python"));
+  python.erase(python.find_last_not_of("\n") + 1);
+  Child server({python, "-u", "-m", "http.server", "--bind", "127.0.0.1", "--directory", www, "0"});
   REQUIRE(server.started());
   static const std::regex port_re(R"(port ([0-9]+))");
   std::smatch m;
