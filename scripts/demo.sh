@@ -81,4 +81,7 @@ step "analysis (perfqctl report $TRACE)"
 
 "$BIN/perfqctl" export "$TRACE" --format perfetto -o "$OUT/demo.perfetto-trace" >/dev/null
 "$BIN/perfqctl" export "$TRACE" --format chrome-json -o "$OUT/demo.json" >/dev/null
-step "open $OUT/demo.perfetto-trace in ui.perfetto.dev, or $OUT/demo.json in chrome://tracing"
+step "perfqctl report $TRACE --html $OUT/report.html"
+"$BIN/perfqctl" report "$TRACE" --html "$OUT/report.html"
+echo "$OUT/report.html"
+step "open $OUT/report.html in a browser, $OUT/demo.perfetto-trace in ui.perfetto.dev, or $OUT/demo.json in chrome://tracing"

@@ -18,6 +18,10 @@ PACKAGES=(
   libzstd-dev
   babeltrace2
   protobuf-compiler
+  # perfqctl report --html inlines Chart.js into its page; the test loads
+  # the page in headless Chromium.
+  libjs-chart.js
+  chromium
   # The LTTng-UST baseline of make bench (perfq_lttng_bench, a private
   # lttng-sessiond).
   liblttng-ust-dev
@@ -82,6 +86,10 @@ for p in "${PACKAGES[@]}"; do
   status=$(dpkg-query -W -f='${db:Status-Status}' "$p" 2>/dev/null || true)
   [ "$status" = installed ] || missing+=("$p")
 done
+# npm installs speedscope for the Chrome JSON test (into the build tree).
+# Any npm will do: Debian's package only where none is on the PATH (a
+# Node.js from elsewhere brings its own, and Debian's would conflict).
+command -v npm >/dev/null 2>&1 || missing+=(npm)
 
 if [ ${#missing[@]} -eq 0 ]; then
   exit 0

@@ -1,11 +1,15 @@
 // Device-side benchmarks, each beside a baseline measured in the same run:
 //
-//   BM_device_record   DeviceQueue::record() (SimClock timestamp, the
-//                      worker's own queue), a DeviceCollector thread moving
-//                      the queue into a region's shared ring and a host
-//                      DeviceDrain thread emptying that ring concurrently.
-//                      Counter delivered_pct: records that reached the
-//                      shared ring, of those the worker emitted.
+//   BM_device_record   the device SDK's record call (perfq_dev_record_at()
+//                      into the worker's own queue, stamped with a counter:
+//                      rdtsc, as firmware reads its cycle counter), an SDK
+//                      collector thread (DeviceCollector) moving the queue
+//                      into a region's shared ring and a host DeviceDrain
+//                      thread emptying that ring concurrently.  Counter
+//                      delivered_pct: records that reached the shared ring,
+//                      of those the worker emitted.
+//   BM_device_record_1M  the same paced at 1 M records/s for one second
+//                      (a worker's steady load): delivered_pct must be 100.
 //   BM_bare_push_rdtsc the near-physical limit: a bare SPSC ring store of a
 //                      record stamped with rdtsc, a consumer thread draining.
 //   BM_drain           one thread, DeviceDrain::poll() from a full region
@@ -18,7 +22,9 @@
 #include <benchmark/benchmark.h>
 #include <x86intrin.h>
 
+#include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <optional>
@@ -71,44 +77,79 @@ void BM_bare_push_rdtsc(benchmark::State& state) {
 }
 BENCHMARK(BM_bare_push_rdtsc);
 
-void BM_device_record(benchmark::State& state) {
-  HeapRegion region;
-  SimClock clock({});
-  DeviceQueue stream(0, kQueue, clock);
-  std::atomic<bool> stop_collector{false}, stop_drain{false};
-  std::atomic<uint64_t> drained{0};
-  std::thread host([&] {
-    DeviceDrain drain(region.get());
-    std::vector<perfq_record> out;
-    out.reserve(4096);
-    for (;;) {
-      out.clear();
-      auto n = drain.poll(out, 4096);
-      if (!n) std::abort();
-      drained.fetch_add(out.size(), std::memory_order_relaxed);
-      if (*n == 0) {
-        if (stop_drain.load(std::memory_order_relaxed)) break;
-        std::this_thread::yield();
+// The device, its collector and a host drain, as threads over one region.
+class DevicePipeline {
+ public:
+  DevicePipeline() : stream_(0, kQueue, clock_) {
+    host_ = std::thread([this] {
+      DeviceDrain drain(region_.get());
+      std::vector<perfq_record> out;
+      out.reserve(4096);
+      for (;;) {
+        out.clear();
+        auto n = drain.poll(out, 4096);
+        if (!n) std::abort();
+        if (*n == 0) {
+          if (stop_drain_.load(std::memory_order_relaxed)) break;
+          std::this_thread::yield();
+        }
       }
-    }
-  });
-  CollectorOptions opts;
-  opts.mode_b = false;
-  DeviceCollector collector(region.get(), {&stream}, clock, opts);
-  std::thread dev([&] { collector.run(stop_collector); });
+    });
+    CollectorOptions opts;
+    opts.mode_b = false;
+    collector_.emplace(region_.get(), std::vector<DeviceQueue*>{&stream_}, clock_, opts);
+    dev_ = std::thread([this] { collector_->run(stop_collector_); });
+  }
+  // The SDK's queue itself: the record call a firmware worker makes.
+  perfq_dev_queue* queue() { return stream_.sdk(); }
+  void finish(benchmark::State& state) {
+    stop_collector_ = true;
+    dev_.join();
+    stop_drain_ = true;
+    host_.join();
+    const double emitted = static_cast<double>(stream_.emitted());
+    state.SetItemsProcessed(static_cast<int64_t>(emitted));
+    state.counters["delivered_pct"] =
+        100.0 * static_cast<double>(collector_->delivery()[0].delivered) / emitted;
+    state.counters["emitted"] = emitted;
+  }
+
+ private:
+  HeapRegion region_;
+  SimClock clock_{{}};  // the collector's device_now only
+  DeviceQueue stream_;
+  std::optional<DeviceCollector> collector_;
+  std::atomic<bool> stop_collector_{false}, stop_drain_{false};
+  std::thread host_, dev_;
+};
+
+void BM_device_record(benchmark::State& state) {
+  DevicePipeline p;
+  perfq_dev_queue* q = p.queue();
   uint64_t i = 0;
-  for (auto _ : state) stream.record(1, PERFQ_KIND_INSTANT, i++);
-  stop_collector = true;
-  dev.join();
-  stop_drain = true;
-  host.join();
-  state.SetItemsProcessed(static_cast<int64_t>(i));
-  const double emitted = static_cast<double>(stream.emitted());
-  state.counters["delivered_pct"] =
-      100.0 * static_cast<double>(collector.delivery()[0].delivered) / emitted;
-  state.counters["emitted"] = emitted;
+  for (auto _ : state)
+    perfq_dev_record_at(q, 1, PERFQ_KIND_INSTANT, static_cast<uint64_t>(__rdtsc()), i++);
+  p.finish(state);
 }
 BENCHMARK(BM_device_record);
+
+void BM_device_record_1M(benchmark::State& state) {
+  DevicePipeline p;
+  perfq_dev_queue* q = p.queue();
+  for (auto _ : state) {
+    // 1 M records/s for 1 s, in bursts of 100 every 100 us.
+    const uint64_t start = monotonic_ns();
+    uint64_t i = 0;
+    while (i < 1'000'000) {
+      const uint64_t due = std::min<uint64_t>((monotonic_ns() - start) / 1000 + 1, 1'000'000);
+      for (; i < due; ++i)
+        perfq_dev_record_at(q, 1, PERFQ_KIND_INSTANT, static_cast<uint64_t>(__rdtsc()), i);
+      if (i < 1'000'000) std::this_thread::sleep_for(std::chrono::microseconds(100));
+    }
+  }
+  p.finish(state);
+}
+BENCHMARK(BM_device_record_1M)->Iterations(1)->Unit(benchmark::kMillisecond);
 
 void BM_drain(benchmark::State& state) {
   HeapRegion region;

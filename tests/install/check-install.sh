@@ -70,7 +70,7 @@ check "libperfq.so -> $so has SONAME $soname (libperfq.so.$major)" test "$soname
 # The installed headers are the public ones only (libperfq/CMakeLists.txt's
 # PERFQ_PUBLIC_HEADERS): what an application, a device or a trace reader uses.
 headers=$(cd "$root/include/perfq" && ls | sort | tr '\n' ' ')
-want="event_info.h export.h pci.h perfq.h perfq.hpp perfq_abi.h perfq_device.h perfq_ioctl.h perfq_region_check.h report.h status.h trace.h "
+want="event_info.h export.h filter.h pci.h perfq.h perfq.hpp perfq_abi.h perfq_device.h perfq_ioctl.h perfq_region_check.h progress.h report.h status.h trace.h "
 check "installed headers are the public ones ($headers)" test "$headers" = "$want"
 
 # The device SDK as a firmware project takes it: the installed header and

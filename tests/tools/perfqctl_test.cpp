@@ -7,6 +7,7 @@
 #include <catch2/catch.hpp>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
@@ -102,6 +103,68 @@ TEST_CASE("perfqctl export writes every format", "[perfqctl][export]") {
   }
   CHECK(count_lines(slurp(dir.file("out.csv"))) == 321);
   CHECK(std::filesystem::exists(dir.file("out.ctf/metadata")));
+}
+
+// Two runs side by side: each figure of both with its change.
+TEST_CASE("perfqctl report A B: the two runs' figures side by side", "[perfqctl][report]") {
+  TempDir dir("ctl");
+  SynthTraceOptions o;
+  o.jobs = 20;
+  o.submit_to_start = {2'000};
+  REQUIRE(write_synthetic_trace(dir.file("a.pq"), o).is_ok());
+  o.jobs = 30;
+  o.submit_to_start = {5'000};
+  REQUIRE(write_synthetic_trace(dir.file("b.pq"), o).is_ok());
+  Run r = perfqctl(dir, "report " + dir.file("a.pq") + " " + dir.file("b.pq") + " --json");
+  INFO(r.err);
+  REQUIRE(r.rc == 0);
+  const auto j = nlohmann::json::parse(r.out);
+  std::map<std::string, nlohmann::json> fig;
+  for (const auto& f : j["figures"]) fig[f["figure"]] = f;
+  REQUIRE(fig.count("jobs.submit_to_start_ns.p50") == 1);
+  CHECK(fig["jobs.submit_to_start_ns.p50"]["a"] == 2000);
+  CHECK(fig["jobs.submit_to_start_ns.p50"]["b"] == 5000);
+  CHECK(fig["jobs.submit_to_start_ns.p50"]["change"] == 3000);
+  CHECK(fig["jobs.submit_to_start_ns.p50"]["relative"].get<double>() == Approx(1.5));
+  CHECK(fig["jobs.count"]["a"] == 20);
+  CHECK(fig["jobs.count"]["b"] == 30);
+  // Events line up by source and name.
+  CHECK(fig.count("events[synth-app/instant/job_submit].count") == 1);
+  Run text = perfqctl(dir, "report " + dir.file("a.pq") + " " + dir.file("b.pq"));
+  REQUIRE(text.rc == 0);
+  CHECK_THAT(text.out, Catch::Contains("jobs.submit_to_start_ns.p50"));
+  CHECK_THAT(text.out, Catch::Contains("+150.0%"));
+  Run html = perfqctl(
+      dir, "report " + dir.file("a.pq") + " " + dir.file("b.pq") + " --html " + dir.file("x.html"));
+  CHECK(html.rc == 2);
+  CHECK_THAT(html.err, Catch::Contains("--html takes one trace"));
+}
+
+// The progress bar: on a terminal (script(1) gives perfqctl a pty) once the
+// work has run PERFQ_PROGRESS_AFTER_MS (0 here, so that a small trace
+// shows it); never when stderr is not a terminal.
+TEST_CASE("perfqctl report/export: a progress bar on a terminal, nothing otherwise",
+          "[perfqctl][progress]") {
+  TempDir dir("ctl");
+  const std::string trace = make_trace(dir);
+  if (sh("command -v script >/dev/null 2>&1") != 0)
+    FAIL("script(1) is not installed: it is in the Debian package bsdutils");
+  for (const std::string& cmd :
+       {"export " + trace + " -f chrome-json -o " + dir.file("o.json"), "report " + trace}) {
+    INFO(cmd);
+    REQUIRE(sh("PERFQ_PROGRESS_AFTER_MS=0 script -qec '" + std::string(PERFQCTL_PATH) + " " + cmd +
+               " >/dev/null' /dev/null > " + dir.file("tty.out")) == 0);
+    const std::string tty = slurp(dir.file("tty.out"));
+    INFO(tty);
+    CHECK(tty.find("records") != std::string::npos);
+    CHECK(tty.find("M/s") != std::string::npos);
+    CHECK(tty.find("left") != std::string::npos);
+    CHECK(tty.find("100%") != std::string::npos);
+    // Not a terminal: nothing on stderr.
+    Run r = perfqctl(dir, cmd);
+    REQUIRE(r.rc == 0);
+    CHECK(r.err.empty());
+  }
 }
 
 TEST_CASE("perfqctl devices --pci-dump: the table of an lspci -xxx dump, no daemon",

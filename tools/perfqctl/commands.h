@@ -4,12 +4,28 @@
 #pragma once
 
 #include <CLI/CLI.hpp>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "perfq/filter.h"
 
 namespace perfqctl {
 
 inline constexpr int kExitOk = 0;
 inline constexpr int kExitFail = 1;
 inline constexpr int kExitUsage = 2;
+
+// --from, --to, --source, --stream, --event (report and export).
+struct FilterArgs {
+  std::string from, to;
+  std::vector<std::string> sources;
+  std::vector<uint16_t> streams;
+  std::vector<std::string> events;
+};
+void add_filter_options(CLI::App& sub, FilterArgs& f);
+// The filter, or false with the reason on stderr ("perfqctl: CMD: ...").
+bool filter_of(const FilterArgs& f, const char* cmd, perfq::TraceFilter& out);
 
 void add_report_command(CLI::App& app, int& exit_code);
 void add_export_command(CLI::App& app, int& exit_code);

@@ -1,9 +1,12 @@
-// perfqctl export FILE --format perfetto|chrome-json|ctf|csv -o OUT
+// perfqctl export FILE --format perfetto|chrome-json|ctf|csv -o OUT [--from T] [--to T]
+//   [--source S] [--stream N] [--event E]
 #include <cstdio>
+#include <optional>
 #include <string>
 
 #include "commands.h"
 #include "perfq/export.h"
+#include "progress.h"
 
 namespace perfqctl {
 
@@ -12,6 +15,7 @@ void add_export_command(CLI::App& app, int& exit_code) {
     std::string file;
     std::string format;
     std::string out;
+    FilterArgs filter;
   };
   auto args = std::make_shared<Args>();
   CLI::App* sub = app.add_subcommand("export", "convert a trace for other viewers");
@@ -20,14 +24,22 @@ void add_export_command(CLI::App& app, int& exit_code) {
       ->required()
       ->check(CLI::IsMember({"perfetto", "chrome-json", "ctf", "csv"}));
   sub->add_option("-o,--output", args->out, "output file (a directory for ctf)")->required();
+  add_filter_options(*sub, args->filter);
   sub->callback([args, &exit_code] {
+    perfq::TraceFilter filter;
+    if (!filter_of(args->filter, "export", filter)) {
+      exit_code = kExitUsage;
+      return;
+    }
     auto fmt = perfq::parse_export_format(args->format);
     if (!fmt.is_ok()) {
       std::fprintf(stderr, "perfqctl: export: %s\n", fmt.status().message().c_str());
       exit_code = kExitUsage;
       return;
     }
-    auto r = perfq::export_trace(args->file, fmt.value(), args->out);
+    std::optional<TerminalProgress> bar(std::in_place);
+    auto r = perfq::export_trace(args->file, fmt.value(), args->out, filter, bar->callback());
+    bar.reset();
     if (!r.is_ok()) {
       std::fprintf(stderr, "perfqctl: export: %s\n", r.status().message().c_str());
       exit_code = kExitFail;

@@ -3,18 +3,24 @@
 // and a small per-stream state, never the whole trace.
 //
 //   perfetto     Perfetto protobuf (Trace / TracePacket / TrackDescriptor /
-//                TrackEvent), encoded by a small hand-written protobuf
-//                writer; the message subset is tests/data/perfetto_trace.proto.
+//                TrackEvent / InternedData / ClockSnapshot), encoded by a
+//                small hand-written protobuf writer: interned names, times as
+//                deltas on a sequence per track, counter tracks; the message
+//                subset (Perfetto's names and numbers) is
+//                tests/data/perfetto_trace.proto.
 //   chrome-json  Trace Event Format (JSON object form, us timestamps).
 //   ctf          a CTF 1.8 directory: `metadata` (TSDL) + `stream_0`.
 //   csv          one row per record:
-//                time_ns,source,stream,index,event,name,kind,raw_time,arg
+//                time_ns,source,stream,index,event,name,kind,raw_time,arg,
+//                claim_ns,converted_by,source_id
 #pragma once
 
 #include <cstdint>
 #include <string>
 #include <string_view>
 
+#include "perfq/filter.h"
+#include "perfq/progress.h"
 #include "perfq/status.h"
 
 namespace perfq {
@@ -35,7 +41,10 @@ struct TraceExportSummary {
 
 // Exports the trace at `in` to `out` (a file; a directory for ctf, created
 // if missing).  Fails on an unreadable input header or any write error.
+// Only what `filter` keeps is exported (perfq/filter.h); `progress`, when
+// set, is called after each chunk.
 Result<TraceExportSummary> export_trace(const std::string& in, TraceExportFormat format,
-                                        const std::string& out);
+                                        const std::string& out, const TraceFilter& filter = {},
+                                        const TraceProgress& progress = {});
 
 }  // namespace perfq

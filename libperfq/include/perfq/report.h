@@ -8,8 +8,11 @@
 #include <map>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
+#include "perfq/filter.h"
+#include "perfq/progress.h"
 #include "perfq/status.h"
 #include "perfq/trace.h"
 
@@ -26,6 +29,20 @@ struct LatencyStats {
   int64_t p99 = 0;
 };
 
+// One bin of a distribution on a log axis: [lo_ns, hi_ns).
+struct ReportBin {
+  int64_t lo_ns = 0;
+  int64_t hi_ns = 0;
+  uint64_t count = 0;
+};
+
+// A distribution for charts: its bins on a log axis (10 a decade) and the
+// values at or below zero, which a log axis cannot show.
+struct ReportHistogram {
+  std::vector<ReportBin> bins;
+  uint64_t at_most_zero = 0;
+};
+
 // Nearest-rank percentiles of signed ns values in bounded memory.  Exact
 // while at most kExactValues distinct values were seen; after that a
 // log-linear histogram with 9 significant bits per bucket: exact below
@@ -39,6 +56,13 @@ class LatencyHistogram {
   bool exact() const { return !bucketed_; }
   int64_t quantile(double q) const;  // q in [0, 1]
   LatencyStats summary() const;
+  // Counts in bins of equal width on a log axis: per_decade bins per power
+  // of ten, [10^(k/per_decade), 10^((k+1)/per_decade)) ns, from the bin of
+  // the smallest positive value to that of the largest; values <= 0 are
+  // counted apart (at_most_zero).  Exact while exact(); after that each
+  // bucket counts in the bin of its midpoint (buckets are 0.4% wide, bins
+  // 26% at 10 a decade).
+  ReportHistogram log_bins(int per_decade) const;
 
  private:
   void add_bucketed(int64_t v, uint64_t n);
@@ -60,6 +84,11 @@ struct TraceReportOptions {
   // metadata.  A device whose rounds cannot be fitted keeps its online
   // times, and TraceReport::resync_notes says so.
   bool resync = false;
+  // Only part of the trace (perfq/filter.h).  With an event filter the
+  // other events' records are not seen, so index gaps are not counted as
+  // losses (TraceReport::index_gaps_counted).
+  TraceFilter filter;
+  TraceProgress progress;  // called after each chunk when set
 };
 
 struct ReportStream {
@@ -123,6 +152,16 @@ struct ReportSync {
   std::vector<ReportSegment> segment_list;  // in host-time order
 };
 
+// A counter's values (its records' args), with the host times of its
+// smallest and largest (the first of each), to find them on the timeline.
+struct ReportValues {
+  uint64_t min = 0;
+  uint64_t max = 0;
+  double mean = 0;
+  int64_t min_at_ns = 0;
+  int64_t max_at_ns = 0;
+};
+
 struct ReportEvent {
   uint16_t source = 0;
   uint32_t event = 0;
@@ -130,6 +169,7 @@ struct ReportEvent {
   uint16_t kind = 0;
   uint64_t count = 0;
   double rate_per_s = 0;
+  ReportValues values;  // PERFQ_KIND_COUNTER only
 };
 
 // Durations of begin/end pairs: an END closes the innermost open BEGIN of
@@ -138,6 +178,22 @@ struct ReportPair {
   uint16_t source = 0;
   std::string name;
   LatencyStats duration;
+  int64_t max_at_ns = 0;  // host time the longest (the first of them) began
+};
+
+// A range inside another on the same stream (a copy inside an iteration):
+// how much of the enclosing ranges' time it takes, as `nsys stats` gives a
+// percentage of time.  share = child_ns / parent_ns, where child_ns is the
+// time of the child ranges that closed inside an open parent of that name
+// and parent_ns the time of every parent range of that name.
+struct ReportNested {
+  uint16_t source = 0;
+  std::string parent;
+  std::string child;
+  uint64_t count = 0;  // child ranges inside a parent
+  double child_ns = 0;
+  double parent_ns = 0;
+  double share = 0;
 };
 
 // Where the trace has scheduler events (perfqctl start --kernel-events
@@ -164,13 +220,59 @@ struct ReportOffCpu {
   std::vector<ReportOffCpuJob> worst;  // the longest off-CPU times, longest first
 };
 
+// A complete job with its four host times (device times converted).
+struct ReportJob {
+  uint64_t corr_id = 0;
+  int64_t submit_ns = 0;
+  int64_t start_ns = 0;
+  int64_t end_ns = 0;
+  int64_t complete_ns = 0;
+  int64_t latency_ns() const { return complete_ns - submit_ns; }
+};
+inline constexpr size_t kWorstJobs = 10;
+
 struct ReportJobs {
   uint64_t count = 0;       // jobs with all four of submit/start/end/complete
   uint64_t incomplete = 0;  // correlation ids seen without all four
   LatencyStats submit_to_start;
   LatencyStats start_to_end;
   LatencyStats end_to_complete;
+  // The same three distributions binned on a log axis.
+  ReportHistogram submit_to_start_bins;
+  ReportHistogram start_to_end_bins;
+  ReportHistogram end_to_complete_bins;
+  std::vector<ReportJob> worst;  // the kWorstJobs longest submit-to-complete, longest first
   ReportOffCpu off_cpu;
+};
+
+// The recording over time, on one axis: bins of bin_ns from start_ns (the
+// recording's start where the trace states it, else its first record; an
+// earlier time counts in the first bin).  The width doubles (pairs of bins
+// merge) whenever the bins would exceed kTimelineMaxBins, so memory stays
+// bounded whatever the length.
+inline constexpr size_t kTimelineMaxBins = 512;
+struct TimelineStream {
+  uint16_t source = 0;
+  uint16_t stream = 0;
+  std::vector<uint64_t> records;  // records per bin
+  std::vector<uint64_t> lost;     // losses noted per bin (LOST args, loss reports, index gaps)
+};
+struct TimelineSync {
+  uint16_t source = 0;
+  std::vector<uint64_t> rounds;  // sync rounds per bin (by the host time of their samples)
+  std::vector<uint64_t> failed;  // of them, rounds that gave no observation
+  // Per bin, the largest |residual| of a round against the clock model in
+  // force when it was read (observed host time minus the model's, ns), and
+  // the largest bound a stored model claimed.  NaN: none in the bin.
+  std::vector<double> worst_residual_ns;
+  std::vector<double> claimed_bound_ns;
+};
+struct ReportTimeline {
+  int64_t start_ns = 0;
+  int64_t bin_ns = 0;
+  size_t bins = 0;
+  std::vector<TimelineStream> streams;
+  std::vector<TimelineSync> sync;
 };
 
 struct TraceReport {
@@ -196,12 +298,14 @@ struct TraceReport {
   uint64_t records_device = 0;
   uint64_t lost_host = 0;
   uint64_t lost_device = 0;
-  uint64_t unmatched_ends = 0;  // END with no open BEGIN on its stream
+  bool index_gaps_counted = true;  // false under an event filter
+  uint64_t unmatched_ends = 0;     // END with no open BEGIN on its stream
   std::vector<ReportStream> streams;
   std::vector<ReportSync> sync;
   std::vector<std::string> resync_notes;  // devices --resync could not fit
   std::vector<ReportEvent> events;
   std::vector<ReportPair> pairs;
+  std::vector<ReportNested> nested;
   ReportJobs jobs;
   // Complete jobs not submit <= start <= end <= complete by more than the
   // times' claims (the sync bounds) allow: a proven violation.
@@ -209,6 +313,7 @@ struct TraceReport {
   // Out of that order, but within the claims (or with a time that has no
   // claim): what the clocks' uncertainty allows, not proof of a bug.
   uint64_t causality_within_bounds = 0;
+  ReportTimeline timeline;
 };
 
 // Analyses the trace at `path`.  Fails only when the file cannot be opened
@@ -217,5 +322,15 @@ Result<TraceReport> analyze_trace(const std::string& path, const TraceReportOpti
 
 std::string report_to_json(const TraceReport& r);  // the `--json` document, pretty-printed
 std::string report_to_text(const TraceReport& r);  // for people
+// One self-contained HTML page (`perfqctl report --html`): the JSON document
+// of report_to_json() inlined and drawn by Chart.js, whose source (the
+// library's UMD build, chart.min.js) is `chartjs` and is inlined too, so the
+// page fetches nothing when it is opened.
+std::string report_to_html(const TraceReport& r, std::string_view chartjs);
+// Two runs side by side (`perfqctl report A B`): every figure of the JSON
+// report that both have (streams and events matched by name), A, B and the
+// change (absolute and relative).
+std::string report_compare_text(const TraceReport& a, const TraceReport& b);
+std::string report_compare_json(const TraceReport& a, const TraceReport& b);
 
 }  // namespace perfq

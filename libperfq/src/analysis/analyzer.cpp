@@ -7,14 +7,18 @@
 #include <cerrno>
 #include <cmath>
 #include <cstdlib>
+#include <filesystem>
 #include <memory>
 #include <optional>
 #include <set>
+#include <tuple>
 #include <unordered_map>
 
 #include <fmt/format.h>
 
 #include "analysis/job_roles.h"
+#include "analysis/sync_residuals.h"
+#include "analysis/timeline.h"
 #include "perfq_kevent.h"
 #include "sync/sync.h"
 
@@ -79,14 +83,7 @@ struct ThreadSched {
 };
 constexpr size_t kWorstOffCpu = 10;
 
-// A device's nominal rates as its trace source declares them (an old trace
-// without a timer rate: the clock's; without either: 1 GHz).
-ClockRates rates_of(const TraceSource* src) {
-  ClockRates r;
-  if (src && src->clock_hz) r.device_hz = src->clock_hz;
-  r.timer_hz = src && src->timer_hz ? src->timer_hz : r.device_hz;
-  return r;
-}
+using analysis::rates_of;
 
 // How --resync converts one device's times: the sync module's piecewise
 // offline model, and its summary for the sync line.
@@ -98,7 +95,10 @@ struct Resync {
 
 class Analyzer : public TraceVisitor {
  public:
-  Analyzer(TraceReport& r, const std::map<uint16_t, Resync>* resync) : r_(r), resync_(resync) {}
+  Analyzer(TraceReport& r, const std::map<uint16_t, Resync>* resync, bool count_gaps)
+      : r_(r), resync_(resync), count_gaps_(count_gaps) {
+    r_.index_gaps_counted = count_gaps;
+  }
 
   Status on_metadata(const TraceMetadata& m) override {
     r_.metadata = m;
@@ -112,6 +112,12 @@ class Analyzer : public TraceVisitor {
         sched_ = true;
     }
     r_.jobs.off_cpu.available = r_.jobs.off_cpu.available || (sched_ && !tid_of_.empty());
+    if (auto it = m.options.find("start_ns"); it != m.options.end()) {
+      char* end = nullptr;
+      errno = 0;
+      const long long v = std::strtoll(it->second.c_str(), &end, 10);
+      if (!errno && end != it->second.c_str() && !*end) timeline_.start_at(v);
+    }
     return Status::ok();
   }
 
@@ -134,6 +140,8 @@ class Analyzer : public TraceVisitor {
 
   Status on_sync_samples(std::span<const TraceSyncSample> s) override {
     for (const auto& x : s) ++sync_[x.source].samples;
+    for (const auto& rr : residuals_.rounds(s, r_.metadata))
+      timeline_.add_round(rr.source, rr.time_ns, rr.failed, rr.residual_ns);
     return Status::ok();
   }
 
@@ -144,10 +152,12 @@ class Analyzer : public TraceVisitor {
       // Stated at the end, with the source's rates (clock_standing()).
       if (auto cm = ClockModel::from_abi(m.model); cm && cm->valid) {
         last_model_[m.source] = *cm;
+        timeline_.add_model(m.source, m.installed_ns, m.model.uncertainty_ns);
         d.worst_uncertainty_ns = std::max(d.worst_uncertainty_ns, m.model.uncertainty_ns);
         segment_model(m, *cm);
       }
       segments_[m.source].insert(m.model.segment);
+      residuals_.on_model(m);
     }
     return Status::ok();
   }
@@ -157,6 +167,7 @@ class Analyzer : public TraceVisitor {
       StreamState& st = stream(l.source, l.stream);
       st.stat.reported_lost += l.count;
       st.reported.note(l.time_ns, l.last_index + 1);
+      timeline_.add_lost(l.source, l.stream, l.time_ns, l.count);
     }
     return Status::ok();
   }
@@ -175,10 +186,23 @@ class Analyzer : public TraceVisitor {
       r_.events.push_back(e);
     }
     for (auto& [key, h] : pairs_) {
-      r_.pairs.push_back({key.first, key.second, h.summary()});
+      r_.pairs.push_back({key.first, key.second, h.summary(), longest_[key].second});
+    }
+    for (auto& [key, n] : nested_) {
+      const auto& [source, parent, child] = key;
+      n.source = source;
+      n.parent = parent;
+      n.child = child;
+      if (auto p = pairs_.find({source, parent}); p != pairs_.end()) {
+        const LatencyStats d = p->second.summary();
+        n.parent_ns = d.mean * static_cast<double>(d.count);
+      }
+      n.share = n.parent_ns > 0 ? n.child_ns / n.parent_ns : 0;
+      r_.nested.push_back(n);
     }
     finish_sync(opt);
     finish_jobs();
+    r_.timeline = timeline_.finish();
   }
 
  private:
@@ -269,6 +293,13 @@ class Analyzer : public TraceVisitor {
       return a.off_cpu_ns > b.off_cpu_ns;
     });
     r_.jobs.off_cpu.worst = worst_;
+    r_.jobs.submit_to_start_bins = lat_[0].log_bins(10);
+    r_.jobs.start_to_end_bins = lat_[1].log_bins(10);
+    r_.jobs.end_to_complete_bins = lat_[2].log_bins(10);
+    std::sort(worst_jobs_.begin(), worst_jobs_.end(), [](const ReportJob& a, const ReportJob& b) {
+      return a.latency_ns() > b.latency_ns();
+    });
+    r_.jobs.worst = worst_jobs_;
   }
 
   bool is_device(uint16_t source) const {
@@ -315,9 +346,11 @@ class Analyzer : public TraceVisitor {
     }
     StreamState& st = stream(in.source, rec.stream);
     ++st.stat.records;
-    if (st.seen && rec.index > st.last_index + 1) {
+    timeline_.add_records(in.source, rec.stream, t, 1);
+    if (count_gaps_ && st.seen && rec.index > st.last_index + 1) {
       st.stat.gap_lost += rec.index - st.last_index - 1;
       st.gaps.note(t, rec.index);
+      timeline_.add_lost(in.source, rec.stream, t, rec.index - st.last_index - 1);
     } else if (st.seen && rec.index < st.last_index && st.stat.gap_lost > 0) {
       // A record that sorted after a later one of its stream (two device
       // times a model change converted out of order) fills the gap it
@@ -337,11 +370,13 @@ class Analyzer : public TraceVisitor {
       eit->second.kind = in.kind();
     }
     ++eit->second.count;
+    if (in.kind() == PERFQ_KIND_COUNTER) counter_value(eit->second, rec.arg, t);
 
     switch (in.kind()) {
       case PERFQ_KIND_LOST:
         st.stat.reported_lost += rec.arg;
         st.reported.note(t, rec.index);
+        timeline_.add_lost(in.source, rec.stream, t, rec.arg);
         break;
       case PERFQ_KIND_BEGIN:
         if (st.open.size() < 1024) st.open.emplace_back(rec.event, t);
@@ -352,7 +387,15 @@ class Analyzer : public TraceVisitor {
         } else {
           auto [bev, bt] = st.open.back();
           st.open.pop_back();
-          pairs_[{in.source, info(in.source, bev).name}].add(t - bt);
+          const std::string& child = info(in.source, bev).name;
+          pairs_[{in.source, child}].add(t - bt);
+          auto [longest, first] = longest_.try_emplace({in.source, child}, t - bt, bt);
+          if (!first && t - bt > longest->second.first) longest->second = {t - bt, bt};
+          if (!st.open.empty()) {
+            auto& n = nested_[{in.source, info(in.source, st.open.back().first).name, child}];
+            ++n.count;
+            n.child_ns += static_cast<double>(t - bt);
+          }
         }
         break;
       default:
@@ -520,6 +563,7 @@ class Analyzer : public TraceVisitor {
       }
     }
     ++job_count_;
+    worst_job({id, j.t[0], j.t[1], j.t[2], j.t[3]});
     lat_[0].add(j.t[1] - j.t[0]);
     lat_[1].add(j.t[2] - j.t[1]);
     lat_[2].add(j.t[3] - j.t[2]);
@@ -527,8 +571,38 @@ class Analyzer : public TraceVisitor {
     jobs_.erase(id);
   }
 
+  // A counter's value: min and max with their first times, and the mean
+  // (a running one: exact enough in double for any count).
+  static void counter_value(ReportEvent& e, uint64_t v, int64_t t) {
+    ReportValues& s = e.values;
+    if (e.count == 1 || v < s.min) {
+      s.min = v;
+      s.min_at_ns = t;
+    }
+    if (e.count == 1 || v > s.max) {
+      s.max = v;
+      s.max_at_ns = t;
+    }
+    s.mean += (static_cast<double>(v) - s.mean) / static_cast<double>(e.count);
+  }
+
+  // Keeps the kWorstJobs longest jobs (submit to complete).
+  void worst_job(const ReportJob& j) {
+    if (worst_jobs_.size() < kWorstJobs) {
+      worst_jobs_.push_back(j);
+      return;
+    }
+    auto min = std::min_element(
+        worst_jobs_.begin(), worst_jobs_.end(),
+        [](const ReportJob& a, const ReportJob& b) { return a.latency_ns() < b.latency_ns(); });
+    if (min->latency_ns() < j.latency_ns()) *min = j;
+  }
+
   TraceReport& r_;
   const std::map<uint16_t, Resync>* resync_;
+  bool count_gaps_ = true;
+  analysis::Timeline timeline_;
+  std::vector<ReportJob> worst_jobs_;
   bool have_time_ = false;
   int64_t first_ = 0;
   int64_t last_ = 0;
@@ -536,9 +610,13 @@ class Analyzer : public TraceVisitor {
   std::unordered_map<uint64_t, EvInfo> evinfo_;
   std::map<uint64_t, ReportEvent> events_;
   std::map<std::pair<uint16_t, std::string>, LatencyHistogram> pairs_;
+  std::map<std::tuple<uint16_t, std::string, std::string>, ReportNested> nested_;
+  // The longest range of each name: its duration and when it began.
+  std::map<std::pair<uint16_t, std::string>, std::pair<int64_t, int64_t>> longest_;
   std::map<uint16_t, ReportSync> sync_;
   std::map<uint16_t, std::set<uint32_t>> segments_;
   std::map<uint16_t, ClockModel> last_model_;  // the newest valid model per device
+  analysis::SyncResiduals residuals_;          // the sync rounds against their models
   struct ClaimState {
     ReportClaims totals;
     LatencyHistogram hist;
@@ -592,9 +670,19 @@ Result<TraceReport> analyze_trace(const std::string& path, const TraceReportOpti
   TraceReport r;
   r.path = path;
   std::map<uint16_t, Resync> models;
+  std::error_code size_error;
+  const uint64_t bytes_total = std::filesystem::file_size(path, size_error);
+  const int passes = options.resync ? 2 : 1;
+  // The visitor with a progress callback around it, when one is wanted.
+  auto with_progress = [&](TraceVisitor& v, int pass) -> std::unique_ptr<TraceVisitor> {
+    if (!options.progress) return nullptr;
+    return make_progress_visitor(*reader, size_error ? 0 : bytes_total, pass, passes,
+                                 options.progress, v);
+  };
   if (options.resync) {
     SampleCollector c;
-    Status s = reader->read(c);
+    auto shown = with_progress(c, 1);
+    Status s = reader->read(shown ? *shown : static_cast<TraceVisitor&>(c));
     if (!s.is_ok() && s.code() != Errc::kCorrupt) return s;
     for (auto& [src, samples] : c.samples) {
       Resync rs;
@@ -625,8 +713,11 @@ Result<TraceReport> analyze_trace(const std::string& path, const TraceReportOpti
       models[src] = std::move(rs);
     }
   }
-  Analyzer a(r, options.resync ? &models : nullptr);
-  Status s = reader->read(a);
+  Analyzer a(r, options.resync ? &models : nullptr, options.filter.events.empty());
+  auto filtered = make_filter_visitor(options.filter, a);
+  TraceVisitor& inner = options.filter.empty() ? static_cast<TraceVisitor&>(a) : *filtered;
+  auto shown = with_progress(inner, passes);
+  Status s = reader->read(shown ? *shown : inner);
   if (!s.is_ok()) {
     if (s.code() != Errc::kCorrupt) return s;
     r.stopped_early = s.message();

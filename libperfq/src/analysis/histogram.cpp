@@ -94,6 +94,38 @@ int64_t LatencyHistogram::quantile(double q) const {
   return std::clamp(v, min_, max_);
 }
 
+ReportHistogram LatencyHistogram::log_bins(int per_decade) const {
+  ReportHistogram h;
+  // Bin k holds [10^(k/per_decade), 10^((k+1)/per_decade)); its edges are
+  // rounded up to whole ns, and a value goes where its edges put it.
+  auto edge = [per_decade](int k) {
+    return static_cast<int64_t>(std::ceil(std::pow(10.0, static_cast<double>(k) / per_decade)));
+  };
+  auto bin_of = [&](int64_t v) {
+    int k = static_cast<int>(std::floor(std::log10(static_cast<double>(v)) * per_decade));
+    while (k > 0 && edge(k) > v) --k;
+    while (edge(k + 1) <= v) ++k;
+    return k;
+  };
+  std::map<int, uint64_t> counts;
+  auto add = [&](int64_t v, uint64_t n) {
+    if (v <= 0) {
+      h.at_most_zero += n;
+    } else {
+      counts[bin_of(v)] += n;
+    }
+  };
+  for (const auto& [v, n] : exact_) add(v, n);
+  for (const auto& [b, n] : pos_) add(static_cast<int64_t>(value_of(b)), n);
+  for (const auto& [b, n] : neg_) add(-static_cast<int64_t>(value_of(b)), n);
+  if (counts.empty()) return h;
+  for (int k = counts.begin()->first; k <= counts.rbegin()->first; ++k) {
+    auto it = counts.find(k);
+    h.bins.push_back({edge(k), edge(k + 1), it == counts.end() ? 0 : it->second});
+  }
+  return h;
+}
+
 LatencyStats LatencyHistogram::summary() const {
   LatencyStats d;
   d.count = count_;

@@ -3,6 +3,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include <cmath>
+
 #include <fmt/format.h>
 
 #include "analysis/report_format.h"
@@ -63,7 +65,10 @@ void records_json(const TraceReport& r, ordered_json& j) {
                   {"device", r.records_device},
                   {"total", r.records_host + r.records_device},
                   {"streams", streams}};
-  j["lost"] = {{"host", r.lost_host}, {"device", r.lost_device}, {"streams", loss_streams}};
+  j["lost"] = {{"host", r.lost_host},
+               {"device", r.lost_device},
+               {"index_gaps_counted", r.index_gaps_counted},
+               {"streams", loss_streams}};
 }
 
 ordered_json claims_json(const ReportClaims& c) {
@@ -133,13 +138,20 @@ ordered_json sync_section_json(const TraceReport& r) {
 ordered_json events_json(const TraceReport& r) {
   ordered_json events = ordered_json::array();
   for (const auto& e : r.events) {
-    events.push_back({{"source", e.source},
+    ordered_json o = {{"source", e.source},
                       {"source_name", source_name(r, e.source)},
                       {"event", e.event},
                       {"name", e.name},
                       {"kind", record_kind_name(e.kind)},
                       {"count", e.count},
-                      {"rate_per_s", e.rate_per_s}});
+                      {"rate_per_s", e.rate_per_s}};
+    if (e.kind == PERFQ_KIND_COUNTER && e.count)
+      o["values"] = {{"min", e.values.min},
+                     {"mean", e.values.mean},
+                     {"max", e.values.max},
+                     {"min_at_ns", e.values.min_at_ns},
+                     {"max_at_ns", e.values.max_at_ns}};
+    events.push_back(o);
   }
   return events;
 }
@@ -151,17 +163,73 @@ ordered_json durations_json(const TraceReport& r) {
     pairs.push_back({{"source", p.source},
                      {"source_name", source_name(r, p.source)},
                      {"name", p.name},
-                     {"duration_ns", d}});
+                     {"duration_ns", d},
+                     {"max_at_ns", p.max_at_ns}});
   }
   return pairs;
 }
 
+// A distribution's bins on a log axis: [lo_ns, hi_ns, count] each.
+ordered_json bins_json(const ReportHistogram& h) {
+  ordered_json bins = ordered_json::array();
+  for (const auto& b : h.bins) bins.push_back({b.lo_ns, b.hi_ns, b.count});
+  return {{"at_most_zero", h.at_most_zero}, {"bins", bins}};
+}
+
 ordered_json jobs_json(const ReportJobs& jobs) {
+  ordered_json worst = ordered_json::array();
+  for (const auto& w : jobs.worst)
+    worst.push_back({{"corr_id", w.corr_id},
+                     {"latency_ns", w.latency_ns()},
+                     {"submit_ns", w.submit_ns},
+                     {"start_ns", w.start_ns},
+                     {"end_ns", w.end_ns},
+                     {"complete_ns", w.complete_ns}});
   return {{"count", jobs.count},
           {"incomplete", jobs.incomplete},
           {"submit_to_start_ns", dist_json(jobs.submit_to_start)},
           {"start_to_end_ns", dist_json(jobs.start_to_end)},
-          {"end_to_complete_ns", dist_json(jobs.end_to_complete)}};
+          {"end_to_complete_ns", dist_json(jobs.end_to_complete)},
+          {"histograms",
+           {{"submit_to_start_ns", bins_json(jobs.submit_to_start_bins)},
+            {"start_to_end_ns", bins_json(jobs.start_to_end_bins)},
+            {"end_to_complete_ns", bins_json(jobs.end_to_complete_bins)}}},
+          {"worst", worst}};
+}
+
+// NaN (nothing in the bin) as null.
+ordered_json maybe_json(const std::vector<double>& v) {
+  ordered_json a = ordered_json::array();
+  for (double x : v) a.push_back(std::isnan(x) ? ordered_json() : ordered_json(x));
+  return a;
+}
+
+// "timeline": counts per bin of one shared time axis.
+ordered_json timeline_json(const TraceReport& r) {
+  const ReportTimeline& tl = r.timeline;
+  ordered_json streams = ordered_json::array();
+  for (const auto& s : tl.streams) {
+    streams.push_back({{"source", s.source},
+                       {"source_name", source_name(r, s.source)},
+                       {"kind", source_kind(r, s.source)},
+                       {"stream", s.stream},
+                       {"records", s.records},
+                       {"lost", s.lost}});
+  }
+  ordered_json sync = ordered_json::array();
+  for (const auto& s : tl.sync) {
+    sync.push_back({{"source", s.source},
+                    {"source_name", source_name(r, s.source)},
+                    {"rounds", s.rounds},
+                    {"failed_rounds", s.failed},
+                    {"worst_residual_ns", maybe_json(s.worst_residual_ns)},
+                    {"claimed_bound_ns", maybe_json(s.claimed_bound_ns)}});
+  }
+  return {{"start_ns", tl.start_ns},
+          {"bin_ns", tl.bin_ns},
+          {"bins", tl.bins},
+          {"streams", streams},
+          {"sync", sync}};
 }
 
 ordered_json off_cpu_json(const ReportOffCpu& oc) {
@@ -207,11 +275,23 @@ std::string report_to_json(const TraceReport& r) {
   j["sync"] = sync_section_json(r);
   j["events"] = events_json(r);
   j["durations"] = durations_json(r);
+  ordered_json nested = ordered_json::array();
+  for (const auto& n : r.nested)
+    nested.push_back({{"source", n.source},
+                      {"source_name", source_name(r, n.source)},
+                      {"parent", n.parent},
+                      {"child", n.child},
+                      {"count", n.count},
+                      {"child_ns", n.child_ns},
+                      {"parent_ns", n.parent_ns},
+                      {"share", n.share}});
+  j["nested"] = nested;
   j["unmatched_ends"] = r.unmatched_ends;
   j["jobs"] = jobs_json(r.jobs);
   if (r.jobs.off_cpu.available) j["off_cpu"] = off_cpu_json(r.jobs.off_cpu);
   j["causality_violations"] = r.causality_violations;
   j["causality_within_bounds"] = r.causality_within_bounds;
+  j["timeline"] = timeline_json(r);
   return j.dump(2, ' ', false, ordered_json::error_handler_t::replace) + "\n";
 }
 

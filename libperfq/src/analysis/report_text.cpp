@@ -90,7 +90,11 @@ void records_text(const TraceReport& r, Line& line) {
     line(fmt::format("  {:<24} {:<6} stream {:<5} {:>12} records", source_name(r, s.source),
                      source_kind(r, s.source), s.stream, s.records));
   }
-  line(fmt::format("lost          host {}  device {}", r.lost_host, r.lost_device));
+  line(fmt::format(
+      "lost          host {}  device {}{}", r.lost_host, r.lost_device,
+      r.index_gaps_counted
+          ? ""
+          : "  (as reported only: with --event, index gaps are not losses one can see)"));
   for (const auto& s : r.streams) {
     if (!s.lost && !s.loss_events) continue;
     line(
@@ -162,13 +166,20 @@ std::string report_to_text(const TraceReport& r) {
   for (const auto& e : r.events) {
     line(fmt::format("  {:<24} {:<24} {:<8} {:>12}  {:>12.1f}/s", source_name(r, e.source), e.name,
                      record_kind_name(e.kind), e.count, e.rate_per_s));
+    if (e.kind == PERFQ_KIND_COUNTER && e.count)
+      line(fmt::format("  {:<24} values min {} (at {}) mean {:.1f} max {} (at {})", "",
+                       e.values.min, e.values.min_at_ns, e.values.mean, e.values.max,
+                       e.values.max_at_ns));
   }
   line("durations (begin/end)");
   for (const auto& p : r.pairs) {
-    line(
-        fmt::format("  {:<24} {:<24} {}", source_name(r, p.source), p.name, dist_text(p.duration)));
+    line(fmt::format("  {:<24} {:<24} {} (the longest at {})", source_name(r, p.source), p.name,
+                     dist_text(p.duration), p.max_at_ns));
   }
   if (r.unmatched_ends) line(fmt::format("  {} end records had no open begin", r.unmatched_ends));
+  for (const auto& n : r.nested)
+    line(fmt::format("  {:<24} {} inside {}: {:.1f}% of its time ({} ranges)",
+                     source_name(r, n.source), n.child, n.parent, n.share * 100, n.count));
   jobs_text(r, line);
   line(fmt::format("causality violations  {}{}", r.causality_violations,
                    r.causality_within_bounds

@@ -7,11 +7,15 @@
 #include <catch2/catch.hpp>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <regex>
+#include <set>
 #include <sstream>
 
 #include "perfq/export.h"
+#include "perfq/filter.h"
+#include "perfq/report.h"
 #include "perfq_kevent.h"
 #include "trace/synth.h"
 
@@ -97,7 +101,7 @@ TEST_CASE("export csv: a header and one row per record", "[export]") {
   auto lines = lines_of(slurp(dir.file("out.csv")));
   REQUIRE(lines.size() == 401);
   CHECK(lines[0] ==
-        "time_ns,source,stream,index,event,name,kind,raw_time,arg,claim_ns,converted_by");
+        "time_ns,source,stream,index,event,name,kind,raw_time,arg,claim_ns,converted_by,source_id");
   for (size_t i = 0; i < e.records.size(); ++i) {
     const TraceRecord& r = e.records[i];
     const std::string want =
@@ -105,7 +109,7 @@ TEST_CASE("export csv: a header and one row per record", "[export]") {
         std::to_string(r.rec.stream) + "," + std::to_string(r.rec.index) + "," +
         std::to_string(r.rec.event) + "," + e.names[i] + "," + record_kind_name(r.kind()) + "," +
         std::to_string(r.rec.time) + "," + std::to_string(r.rec.arg) + "," +
-        (r.source == 0 ? "0,none" : "200,daemon");
+        (r.source == 0 ? "0,none" : "200,daemon") + "," + std::to_string(r.source);
     REQUIRE(lines[i + 1] == want);
   }
 }
@@ -138,6 +142,20 @@ TEST_CASE("export chrome-json: parses, every event has the required fields", "[e
   CHECK(ph["t"] == 100);
   CHECK(ph["f"] == 50);
   CHECK(ph["M"] == 2 + 2 + 3);  // processes, host threads, device queues
+  // Slices nest and an E has its B's name; 64-bit values are strings.
+  std::map<std::pair<int64_t, int64_t>, std::vector<std::string>> open;
+  for (const auto& ev : j["traceEvents"]) {
+    auto& stack = open[{ev["pid"].get<int64_t>(), ev["tid"].get<int64_t>()}];
+    if (ev["ph"] == "B") stack.push_back(ev["name"]);
+    if (ev["ph"] == "E") {
+      INFO(ev.dump());
+      REQUIRE(!stack.empty());
+      CHECK(ev["name"] == stack.back());
+      stack.pop_back();
+    }
+    if (ev.contains("args") && ev["args"].contains("arg")) CHECK(ev["args"]["arg"].is_string());
+  }
+  for (const auto& [thread, stack] : open) CHECK(stack.empty());
   // Microsecond timestamps with ns precision: find the first submit.
   for (size_t i = 0; i < e.records.size(); ++i) {
     if (e.names[i] != "job_submit") continue;
@@ -167,42 +185,288 @@ std::string perfetto_decoded(const TempDir& dir, const std::string& in) {
   return slurp(dir.file("decoded.txt"));
 }
 
-TEST_CASE("export perfetto: protoc decodes it with no unknown fields", "[export]") {
+// protoc's text format as a tree: each message its scalar fields (in order)
+// and its sub-messages.
+struct PbNode {
+  std::vector<std::pair<std::string, std::string>> values;
+  std::vector<std::pair<std::string, PbNode>> children;
+  const std::string* value(const std::string& k) const {
+    for (const auto& [key, v] : values)
+      if (key == k) return &v;
+    return nullptr;
+  }
+  uint64_t u64(const std::string& k, uint64_t dflt = 0) const {
+    const std::string* v = value(k);
+    return v ? std::stoull(*v) : dflt;
+  }
+  const PbNode* child(const std::string& k) const {
+    for (const auto& [key, c] : children)
+      if (key == k) return &c;
+    return nullptr;
+  }
+};
+
+PbNode parse_text_format(const std::string& text) {
+  PbNode root;
+  std::vector<PbNode*> stack{&root};
+  for (const std::string& raw : lines_of(text)) {
+    std::string l = raw.substr(
+        raw.find_first_not_of(' ') == std::string::npos ? raw.size() : raw.find_first_not_of(' '));
+    if (l.empty()) continue;
+    if (l == "}") {
+      REQUIRE(stack.size() > 1);
+      stack.pop_back();
+    } else if (l.back() == '{') {
+      auto& c = stack.back()->children.emplace_back(l.substr(0, l.size() - 2), PbNode{});
+      stack.push_back(&c.second);
+    } else {
+      const size_t colon = l.find(": ");
+      REQUIRE(colon != std::string::npos);
+      std::string v = l.substr(colon + 2);
+      if (v.size() >= 2 && v.front() == '"') v = v.substr(1, v.size() - 2);
+      stack.back()->values.emplace_back(l.substr(0, colon), v);
+    }
+  }
+  REQUIRE(stack.size() == 1);
+  return root;
+}
+
+// A track event as Perfetto's rules make it: the sequence's interned names
+// resolved, its default track applied, its incremental clock replayed to
+// CLOCK_MONOTONIC ns.  Fails the test on anything those rules reject: an
+// iid not interned on the sequence before or in its packet, a delta on a
+// sequence with no incremental clock, an event on a track never described.
+struct PfEvent {
+  uint64_t seq = 0;
+  uint64_t track = 0;
+  uint64_t ts = 0;
+  std::string type;
+  std::string name;
+  std::map<std::string, std::string> args;
+  const PbNode* te = nullptr;
+};
+struct PfTrace {
+  PbNode root;
+  std::vector<PfEvent> events;
+  std::map<uint64_t, const PbNode*> tracks;  // uuid -> descriptor
+  std::vector<const PbNode*> snapshots;      // clock snapshots of sequence 1
+};
+
+PfTrace replay(const std::string& text) {
+  PfTrace t;
+  t.root = parse_text_format(text);
+  struct SeqState {
+    std::map<uint64_t, std::string> names, annotations;
+    uint64_t default_track = 0, clock = 0;
+    bool incremental = false;
+    uint64_t last = 0;
+  };
+  std::map<uint64_t, SeqState> seqs;
+  for (const auto& [key, pkt] : t.root.children) {
+    REQUIRE(key == "packet");
+    const uint64_t seq = pkt.u64("trusted_packet_sequence_id");
+    REQUIRE(seq != 0);
+    SeqState& st = seqs[seq];
+    if (pkt.value("sequence_flags")) {
+      REQUIRE(*pkt.value("sequence_flags") == "1");  // SEQ_INCREMENTAL_STATE_CLEARED
+      st = SeqState{};
+    }
+    if (const PbNode* d = pkt.child("trace_packet_defaults")) {
+      st.clock = d->u64("timestamp_clock_id");
+      if (const PbNode* ted = d->child("track_event_defaults"))
+        st.default_track = ted->u64("track_uuid");
+    }
+    if (const PbNode* id = pkt.child("interned_data")) {
+      for (const auto& [k, e] : id->children) {
+        auto& table = k == "event_names" ? st.names : st.annotations;
+        REQUIRE((k == "event_names" || k == "debug_annotation_names"));
+        table[e.u64("iid")] = *e.value("name");
+      }
+    }
+    if (const PbNode* cs = pkt.child("clock_snapshot")) {
+      uint64_t mono = 0;
+      for (const auto& [k, c] : cs->children) {
+        if (c.u64("clock_id") == 3) mono = c.u64("timestamp");
+        if (c.u64("clock_id") == 64) {
+          // The sequence's clock, at MONOTONIC's value in the same snapshot.
+          REQUIRE(c.value("is_incremental"));
+          st.incremental = true;
+          st.last = c.u64("timestamp");
+          REQUIRE(st.last == mono);
+        }
+      }
+      if (seq == 1) t.snapshots.push_back(cs);
+      continue;
+    }
+    if (const PbNode* td = pkt.child("track_descriptor")) {
+      t.tracks[td->u64("uuid")] = td;
+      continue;
+    }
+    const PbNode* te = pkt.child("track_event");
+    REQUIRE(te != nullptr);
+    PfEvent ev;
+    ev.seq = seq;
+    ev.te = te;
+    const uint64_t clock =
+        pkt.value("timestamp_clock_id") ? pkt.u64("timestamp_clock_id") : st.clock;
+    if (clock == 64) {
+      REQUIRE(st.incremental);
+      st.last += pkt.u64("timestamp");
+      ev.ts = st.last;
+    } else {
+      REQUIRE(clock == 3);  // CLOCK_MONOTONIC, absolute
+      ev.ts = pkt.u64("timestamp");
+    }
+    ev.track = te->value("track_uuid") ? te->u64("track_uuid") : st.default_track;
+    REQUIRE(t.tracks.count(ev.track) == 1);
+    ev.type = *te->value("type");
+    if (te->value("name_iid")) {
+      INFO("name_iid " << *te->value("name_iid") << " on sequence " << seq);
+      REQUIRE(st.names.count(te->u64("name_iid")) == 1);
+      ev.name = st.names[te->u64("name_iid")];
+    }
+    for (const auto& [k, da] : te->children) {
+      if (k != "debug_annotations") continue;
+      REQUIRE(st.annotations.count(da.u64("name_iid")) == 1);
+      const std::string* v =
+          da.value("uint_value") ? da.value("uint_value") : da.value("int_value");
+      REQUIRE(v != nullptr);
+      ev.args[st.annotations[da.u64("name_iid")]] = *v;
+    }
+    t.events.push_back(ev);
+  }
+  return t;
+}
+
+TEST_CASE("export perfetto: Perfetto's rules give back every record, its time and name",
+          "[export]") {
   TempDir dir("export");
   const std::string in = make_trace(dir);
+  const Expected e = expected_of(in);
   const std::string text = perfetto_decoded(dir, in);
-  auto count = [&text](const std::string& what) {
-    size_t n = 0;
-    for (size_t p = text.find(what); p != std::string::npos; p = text.find(what, p + 1)) ++n;
-    return n;
-  };
-  CHECK(count("track_event {") == 400);
-  // 2 processes, 5 streams, counter tracks: queue_depth on 2 host threads,
-  // dma_bytes on 3 device queues.
-  CHECK(count("track_descriptor {") == 2 + 5 + 5);
-  CHECK(count("type: TYPE_SLICE_BEGIN") == 100);
-  CHECK(count("type: TYPE_SLICE_END") == 100);
-  CHECK(count("type: TYPE_INSTANT") == 100);
-  CHECK(count("type: TYPE_COUNTER") == 100);
-  CHECK(count("flow_ids:") == 150 + 50);  // "terminating_flow_ids:" contains it too
-  CHECK(count("terminating_flow_ids:") == 50);
-  CHECK(count("name: \"job_submit\"") == 50);
-  CHECK(count("process_name: \"device synth-dev\"") == 1);
   // protoc prints unknown fields as bare numbers: there must be none.
   static const std::regex unknown(R"(^\s*[0-9]+[:{ ])");
   for (const auto& l : lines_of(text)) {
     INFO(l);
     REQUIRE(!std::regex_search(l, unknown));
   }
+  const PfTrace t = replay(text);
+  // The record events, in order per track, against the records.
+  std::map<uint64_t, std::vector<const PfEvent*>> by_track;
+  size_t counters = 0;
+  for (const auto& ev : t.events) {
+    if (ev.type == "TYPE_COUNTER") {
+      ++counters;
+      continue;
+    }
+    by_track[ev.track].push_back(&ev);
+  }
+  std::map<uint64_t, size_t> next;
+  size_t matched = 0, flows = 0, terminating = 0;
+  for (size_t i = 0; i < e.records.size(); ++i) {
+    const TraceRecord& r = e.records[i];
+    if (r.kind() == PERFQ_KIND_COUNTER) continue;
+    // The record's track: the one whose next event has its time.
+    bool found = false;
+    for (auto& [track, list] : by_track) {
+      size_t& n = next[track];
+      if (n >= list.size() || list[n]->ts != static_cast<uint64_t>(r.time_ns)) continue;
+      const PfEvent& ev = *list[n];
+      const char* want = r.kind() == PERFQ_KIND_BEGIN ? "TYPE_SLICE_BEGIN"
+                         : r.kind() == PERFQ_KIND_END ? "TYPE_SLICE_END"
+                                                      : "TYPE_INSTANT";
+      if (ev.type != want) continue;
+      if (r.kind() != PERFQ_KIND_END && ev.name != e.names[i]) continue;
+      ++n;
+      found = true;
+      flows += ev.te->value("flow_ids") != nullptr;
+      terminating += ev.te->value("terminating_flow_ids") != nullptr;
+      if (e.names[i] == "job_submit" || e.names[i] == "job_start") {
+        // 64-bit ids as they are (a varint, not a double).
+        CHECK(ev.args.at("corr_id") == std::to_string(r.rec.arg));
+      }
+      break;
+    }
+    INFO("record " << i << " " << e.names[i] << " at " << r.time_ns);
+    REQUIRE(found);
+    ++matched;
+  }
+  CHECK(matched == 300);
+  CHECK(counters >= 100);  // queue_depth, dma_bytes; sync bound and residuals
+  CHECK(flows == 150);     // submit, start, end
+  CHECK(terminating == 50);
+  // A process per source: the device by its name and where it is.
+  std::set<std::string> processes;
+  for (const auto& [uuid, td] : t.tracks)
+    if (const PbNode* pd = td->child("process")) processes.insert(*pd->value("process_name"));
+  CHECK(processes.count("device synth-dev (0000:03:00.0)") == 1);
+  CHECK(processes.count("synth-app") == 1);
+  CHECK(processes.size() == 2);  // only sources with records
+  // Counter tracks of the device's sync.
+  std::set<std::string> counter_names;
+  for (const auto& [uuid, td] : t.tracks)
+    if (td->child("counter")) counter_names.insert(*td->value("name"));
+  CHECK(counter_names.count("sync: claimed bound (ns)") == 1);
+  CHECK(counter_names.count("sync: round residual (ns)") == 1);
+  REQUIRE(t.snapshots.size() == 1);
 }
 
-// Kernel events (perfq-daemon --kernel-events) of an application thread go
-// on that thread's track, which carries the thread's real tid and name;
-// those of other threads on a track per CPU.
-TEST_CASE("export perfetto: kernel events land on their thread's track", "[export]") {
+TEST_CASE("export perfetto: small, with interned names and timestamp deltas", "[export]") {
+  TempDir dir("export");
+  const std::string in = dir.file("big.pq");
+  SynthTraceOptions o;
+  o.jobs = 20'000;
+  o.work_pairs = true;
+  REQUIRE(write_synthetic_trace(in, o).is_ok());
+  auto s = export_trace(in, TraceExportFormat::kPerfetto, dir.file("out.pftrace"));
+  REQUIRE(s.is_ok());
+  const auto bytes = std::filesystem::file_size(dir.file("out.pftrace"));
+  const double per_event = static_cast<double>(bytes) / static_cast<double>(s->records);
+  INFO(bytes << " bytes for " << s->records << " records");
+  // Each job: a submit and a start with its id and a flow, an end and a
+  // complete with their flow, a work slice, two counters.  Spelled out
+  // (names and two annotations per event, absolute times) it was 60-odd
+  // bytes an event.
+  CHECK(per_event < 24);
+  const std::string text = slurp(dir.file("out.pftrace"));
+  size_t job_submit = 0;
+  for (size_t p = text.find("job_submit"); p != std::string::npos;
+       p = text.find("job_submit", p + 1))
+    ++job_submit;
+  CHECK(job_submit <= 8);  // once per sequence, not once per event
+}
+
+// A job whose device start lies within its clock bound of its submit (the
+// true order unknown) gets a mark on the device's track.
+TEST_CASE("export perfetto: a mark where the clock bound could invert a job's order", "[export]") {
+  TempDir dir("export");
+  const std::string in = dir.file("close.pq");
+  SynthTraceOptions o;
+  o.jobs = 50;
+  o.submit_to_start = {100, 5'000};  // the device's times claim +-200 ns
+  REQUIRE(write_synthetic_trace(in, o).is_ok());
+  const PfTrace t = replay(perfetto_decoded(dir, in));
+  std::map<uint64_t, uint64_t> start_of;  // corr_id -> time of its job_start
+  for (const auto& ev : t.events)
+    if (ev.name == "job_start") start_of[std::stoull(ev.args.at("corr_id"))] = ev.ts;
+  size_t marks = 0;
+  for (const auto& ev : t.events) {
+    if (ev.name != "order within the clock bound") continue;
+    ++marks;
+    CHECK(ev.args.at("bound_ns") == "200");
+    CHECK(start_of.at(std::stoull(ev.args.at("corr_id"))) == ev.ts);
+  }
+  CHECK(marks == 25);
+}
+
+// A host thread (tid known from the trace) gets its kernel events: switches
+// as off-CPU slices on its "thread state" track, syscalls as slices named by
+// the syscall on its own track; another thread's events stay on its CPU's.
+TEST_CASE("export perfetto: kernel events land on their thread's tracks", "[export]") {
   TempDir dir("export");
   const std::string in = dir.file("kev.pq");
   TraceMetadata meta;
+  meta.kernel = "Linux 6.1.0 x86_64";
   TraceSource app;
   app.id = 256;
   app.name = "app";
@@ -215,29 +479,54 @@ TEST_CASE("export perfetto: kernel events land on their thread's track", "[expor
   kern.name = "kernel";
   kern.events = {{PERFQ_KEV_SCHED_OUT, PERFQ_KIND_INSTANT, "sched_switch_out"},
                  {PERFQ_KEV_SCHED_IN, PERFQ_KIND_INSTANT, "sched_switch_in"},
-                 {PERFQ_KEV_SYSCALL_ENTER, PERFQ_KIND_INSTANT, "syscall_enter"}};
-  meta.sources = {app, kern};
+                 {PERFQ_KEV_SYSCALL_ENTER, PERFQ_KIND_INSTANT, "syscall_enter"},
+                 {PERFQ_KEV_SYSCALL_EXIT, PERFQ_KIND_INSTANT, "syscall_exit"}};
+  TraceSource gone;  // an application that exited before the recording: no records
+  gone.id = 257;
+  gone.name = "gone";
+  gone.pid = 4100;
+  meta.sources = {app, kern, gone};
   TraceBuilder b;
   b.instant(256, 0, 1, 1000, 7);
-  b.instant(PERFQ_KERNEL_SOURCE, 0, PERFQ_KEV_SCHED_OUT, 1500, 4242);
+  b.instant(PERFQ_KERNEL_SOURCE, 0, PERFQ_KEV_SYSCALL_ENTER, 1200, uint64_t{230} << 32 | 4242);
+  b.instant(PERFQ_KERNEL_SOURCE, 0, PERFQ_KEV_SCHED_OUT, 1500, uint64_t{1} << 32 | 4242);
   b.instant(PERFQ_KERNEL_SOURCE, 1, PERFQ_KEV_SYSCALL_ENTER, 1800, uint64_t{39} << 32 | 999);
   b.instant(PERFQ_KERNEL_SOURCE, 1, PERFQ_KEV_SCHED_IN, 2500, 4242);
+  b.instant(PERFQ_KERNEL_SOURCE, 1, PERFQ_KEV_SYSCALL_EXIT, 2600, 4242);
   b.write(in, meta);
   const std::string text = perfetto_decoded(dir, in);
   INFO(text);
-  std::smatch m;
-  static const std::regex thread_track(
-      R"(uuid: (\d+)\s+thread \{\s+pid: 4240\s+tid: 4242\s+thread_name: "job-0")");
-  REQUIRE(std::regex_search(text, m, thread_track));
-  const std::string uuid = m[1];
-  size_t on_thread = 0;
-  const std::regex ev_track(R"(track_uuid: (\d+))");
-  for (auto it = std::sregex_iterator(text.begin(), text.end(), ev_track);
-       it != std::sregex_iterator(); ++it)
-    on_thread += (*it)[1] == uuid;
-  CHECK(on_thread == 3);  // job_submit, sched_switch_out, sched_switch_in
-  CHECK(text.find("name: \"cpu 1\"") != std::string::npos);  // tid 999's syscall
-  CHECK(text.find("name: \"cpu 0\"") == std::string::npos);
+  const PfTrace t = replay(text);
+  uint64_t thread = 0, state = 0, cpu1 = 0;
+  for (const auto& [uuid, td] : t.tracks) {
+    if (const PbNode* th = td->child("thread")) {
+      if (th->u64("tid") == 4242 && th->u64("pid") == 4240 && *th->value("thread_name") == "job-0")
+        thread = uuid;
+    }
+  }
+  REQUIRE(thread != 0);
+  for (const auto& [uuid, td] : t.tracks) {
+    if (td->u64("parent_uuid") == thread && *td->value("name") == "thread state") state = uuid;
+    if (td->value("name") && *td->value("name") == "cpu 1") cpu1 = uuid;
+    CHECK((!td->value("name") || *td->value("name") != "cpu 0"));
+  }
+  REQUIRE(state != 0);
+  REQUIRE(cpu1 != 0);
+  for (const auto& [uuid, td] : t.tracks)
+    if (const PbNode* pd = td->child("process")) CHECK(*pd->value("process_name") != "gone");
+  std::vector<std::string> on_thread, on_state, on_cpu1;
+  for (const auto& ev : t.events) {
+    const std::string d = std::to_string(ev.ts) + " " + ev.type + " " + ev.name;
+    if (ev.track == thread) on_thread.push_back(d);
+    if (ev.track == state) on_state.push_back(d);
+    if (ev.track == cpu1) on_cpu1.push_back(d + " tid=" + ev.args.at("tid"));
+  }
+  CHECK(on_thread == std::vector<std::string>{"1000 TYPE_INSTANT job_submit",
+                                              "1200 TYPE_SLICE_BEGIN clock_nanosleep",
+                                              "2600 TYPE_SLICE_END "});
+  CHECK(on_state ==
+        std::vector<std::string>{"1500 TYPE_SLICE_BEGIN sleeping", "2500 TYPE_SLICE_END "});
+  CHECK(on_cpu1 == std::vector<std::string>{"1800 TYPE_INSTANT syscall_enter tid=999"});
 }
 
 TEST_CASE("export ctf: babeltrace2 reads every event with its name and time", "[export]") {
@@ -295,4 +584,78 @@ TEST_CASE("export: a damaged input exports what came before and says where", "[e
 }
 
 }  // namespace
+}  // namespace perfq
+
+namespace perfq {
+
+// Part of a trace (perfq/filter.h): what an export and the report keep.
+TEST_CASE("filter: --from/--to, --source, --stream and --event keep only their part",
+          "[export][report][filter]") {
+  TempDir dir("filter");
+  const std::string in = make_trace(dir);  // 50 jobs, 100 us apart from 1 s
+  const Expected e = expected_of(in);
+  SECTION("a source and an event, in the CSV") {
+    TraceFilter f;
+    f.sources = {"synth-dev"};
+    f.events = {"job_start"};
+    REQUIRE(export_trace(in, TraceExportFormat::kCsv, dir.file("f.csv"), f).is_ok());
+    const auto lines = lines_of(slurp(dir.file("f.csv")));
+    REQUIRE(lines.size() == 1 + 50);
+    for (size_t i = 1; i < lines.size(); ++i) {
+      INFO(lines[i]);
+      CHECK(lines[i].find(",synth-dev,") != std::string::npos);
+      CHECK(lines[i].find(",job_start,begin,") != std::string::npos);
+    }
+  }
+  SECTION("a stream, by id, in the report") {
+    TraceReportOptions o;
+    o.filter.sources = {"1"};
+    o.filter.streams = {2};
+    auto r = analyze_trace(in, o);
+    REQUIRE(r.is_ok());
+    size_t want = 0;
+    for (const auto& rec : e.records) want += rec.source == 1 && rec.rec.stream == 2;
+    CHECK(r->records_device == want);
+    CHECK(r->records_host == 0);
+    CHECK(r->index_gaps_counted);
+  }
+  SECTION("a time window, relative and absolute") {
+    auto first = e.records.front().time_ns;
+    for (const char* from : {"0.001", "absolute"}) {
+      TraceReportOptions o;
+      const int64_t a = first + 1'000'000, b = first + 2'000'000;
+      if (std::string(from) == "absolute") {
+        o.filter.from = parse_trace_time(std::to_string(a) + "ns").value();
+        o.filter.to = parse_trace_time(std::to_string(b) + "ns").value();
+      } else {
+        o.filter.from = parse_trace_time("0.001").value();
+        o.filter.to = parse_trace_time("0.002").value();
+      }
+      auto r = analyze_trace(in, o);
+      REQUIRE(r.is_ok());
+      size_t want = 0;
+      for (const auto& rec : e.records) want += rec.time_ns >= a && rec.time_ns <= b;
+      INFO(from);
+      CHECK(r->records_host + r->records_device == want);
+      CHECK(r->first_ns >= a);
+      CHECK(r->last_ns <= b);
+    }
+  }
+  SECTION("an event filter does not count index gaps as losses") {
+    TraceReportOptions o;
+    o.filter.events = {"job_end"};
+    auto r = analyze_trace(in, o);
+    REQUIRE(r.is_ok());
+    CHECK(r->lost_device == 0);
+    CHECK(!r->index_gaps_counted);
+  }
+  SECTION("a bad time says what is wrong") {
+    auto t = parse_trace_time("soon");
+    REQUIRE(!t.is_ok());
+    CHECK_THAT(t.status().message(), Catch::Contains("bad time 'soon'"));
+    CHECK(parse_trace_time("12ns").value().absolute);
+    CHECK(parse_trace_time("1.5").value().seconds == 1.5);
+  }
+}
+
 }  // namespace perfq

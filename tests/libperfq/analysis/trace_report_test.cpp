@@ -581,3 +581,97 @@ TEST_CASE("report: an order reversed within the sync bounds is not a violation",
 }
 
 }  // namespace perfq
+
+namespace perfq {
+
+// Counters get their values' min, mean and max, each extreme with the host
+// time of its first occurrence.
+TEST_CASE("report: a counter's min, mean and max, and when", "[report]") {
+  TempDir dir("counters");
+  const std::string path = dir.file("c.pq");
+  SynthTraceOptions o;
+  o.jobs = 80;  // queue_depth = i % 8 at submit + 1 ns; dma_bytes = 4096
+  REQUIRE(write_synthetic_trace(path, o).is_ok());
+  auto r = analyze_trace(path);
+  REQUIRE(r.is_ok());
+  bool seen = false;
+  for (const auto& e : r->events) {
+    if (e.name != "queue_depth") continue;
+    seen = true;
+    CHECK(e.count == 80);
+    CHECK(e.values.min == 0);
+    CHECK(e.values.max == 7);
+    CHECK(e.values.mean == Approx(3.5));
+    CHECK(e.values.min_at_ns == o.start_ns + 1);
+    CHECK(e.values.max_at_ns == o.start_ns + 7 * o.period_ns + 1);
+  }
+  CHECK(seen);
+  const auto j = nlohmann::json::parse(report_to_json(r.value()));
+  bool in_json = false;
+  for (const auto& e : j["events"])
+    if (e["name"] == "dma_bytes") {
+      in_json = true;
+      CHECK(e["values"]["min"] == 4096);
+      CHECK(e["values"]["max"] == 4096);
+    }
+  CHECK(in_json);
+}
+
+}  // namespace perfq
+
+namespace perfq {
+
+// Nested ranges: an iteration of 1000 ns holding a copy of 250 ns and a
+// kernel of 500 ns: the copy is 25% of the iteration's time, the kernel 50%.
+TEST_CASE("report: a range's share of the range around it", "[report]") {
+  TempDir dir("nested");
+  const std::string path = dir.file("n.pq");
+  TraceMetadata meta;
+  TraceSource app;
+  app.id = 0;
+  app.name = "app";
+  app.events = {{1, PERFQ_KIND_BEGIN, "iteration"}, {2, PERFQ_KIND_END, "iteration_end"},
+                {3, PERFQ_KIND_BEGIN, "copy"},      {4, PERFQ_KIND_END, "copy_end"},
+                {5, PERFQ_KIND_BEGIN, "kernel"},    {6, PERFQ_KIND_END, "kernel_end"}};
+  meta.sources = {app};
+  std::vector<TraceRecord> recs;
+  uint64_t index = 0;
+  auto add = [&](uint32_t ev, uint16_t kind, int64_t t) {
+    TraceRecord r;
+    r.rec.index = index++;
+    r.rec.event = ev;
+    r.rec.flags = PERFQ_FLAGS(kind, PERFQ_CLOCK_HOST);
+    r.rec.time = static_cast<uint64_t>(t);
+    r.time_ns = t;
+    recs.push_back(r);
+  };
+  for (int64_t i = 0; i < 10; ++i) {
+    const int64_t t = 1'000'000 + i * 2'000;
+    add(1, PERFQ_KIND_BEGIN, t);
+    add(3, PERFQ_KIND_BEGIN, t + 100);
+    add(4, PERFQ_KIND_END, t + 350);
+    add(5, PERFQ_KIND_BEGIN, t + 400);
+    add(6, PERFQ_KIND_END, t + 900);
+    add(2, PERFQ_KIND_END, t + 1000);
+  }
+  auto w = TraceWriter::open(path, meta);
+  REQUIRE(w.is_ok());
+  REQUIRE(w->append_records(recs).is_ok());
+  REQUIRE(w->close().is_ok());
+  auto r = analyze_trace(path);
+  REQUIRE(r.is_ok());
+  std::map<std::string, const ReportNested*> by_child;
+  for (const auto& n : r->nested) by_child[n.child] = &n;
+  REQUIRE(by_child.size() == 2);
+  CHECK(by_child.at("copy")->parent == "iteration");
+  CHECK(by_child.at("copy")->count == 10);
+  CHECK(by_child.at("copy")->share == Approx(0.25));
+  CHECK(by_child.at("kernel")->share == Approx(0.5));
+  CHECK_THAT(report_to_text(r.value()),
+             Catch::Contains("copy inside iteration: 25.0% of its time"));
+  // Every range's longest, with when it began (all alike: the first).
+  for (const auto& p : r->pairs)
+    if (p.name == "iteration") CHECK(p.max_at_ns == 1'000'000);
+}
+
+}  // namespace perfq

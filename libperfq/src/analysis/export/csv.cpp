@@ -20,7 +20,8 @@ class CsvExport : public TraceVisitor {
   explicit CsvExport(OutFile& out) : out_(out) {}
   Status start() {
     return out_.write(
-        "time_ns,source,stream,index,event,name,kind,raw_time,arg,claim_ns,converted_by\n");
+        "time_ns,source,stream,index,event,name,kind,raw_time,arg,claim_ns,converted_by,"
+        "source_id\n");
   }
   Status on_metadata(const TraceMetadata& m) override {
     names_.set_metadata(m);
@@ -36,7 +37,9 @@ class CsvExport : public TraceVisitor {
                      record_kind_name(r.kind()), r.rec.time, r.rec.arg);
       if (r.claim_ns != kClaimUnbounded)
         fmt::format_to(std::back_inserter(line_), "{}", r.claim_ns);
-      fmt::format_to(std::back_inserter(line_), ",{}\n", trace_conversion_name(r.conv));
+      // source_id: two sources may share a name (two devices alike).
+      fmt::format_to(std::back_inserter(line_), ",{},{}\n", trace_conversion_name(r.conv),
+                     r.source);
     }
     return out_.write(line_);
   }

@@ -2,6 +2,8 @@
 // the format names and the dispatch to each format's file.
 #include "perfq/export.h"
 
+#include <filesystem>
+
 #include <fmt/format.h>
 
 #include "analysis/export/export_internal.h"
@@ -32,7 +34,8 @@ const char* export_format_name(TraceExportFormat f) {
 }
 
 Result<TraceExportSummary> export_trace(const std::string& in, TraceExportFormat format,
-                                        const std::string& out) {
+                                        const std::string& out, const TraceFilter& filter,
+                                        const TraceProgress& progress) {
   using namespace export_detail;
   auto reader = TraceReader::open(in);
   if (!reader.is_ok()) return reader.status();
@@ -40,7 +43,14 @@ Result<TraceExportSummary> export_trace(const std::string& in, TraceExportFormat
   OutFile file;
   Status s;
   auto run = [&](TraceVisitor& v) -> Status {
-    Status r = reader->read(v);
+    auto filtered = make_filter_visitor(filter, v);
+    TraceVisitor& inner = filter.empty() ? v : *filtered;
+    std::error_code size_error;
+    const uint64_t bytes_total = std::filesystem::file_size(in, size_error);
+    auto shown = progress ? make_progress_visitor(*reader, size_error ? 0 : bytes_total, 1, 1,
+                                                  progress, inner)
+                          : nullptr;
+    Status r = reader->read(shown ? *shown : inner);
     sum.records = reader->summary().records;
     if (!r.is_ok() && r.code() == Errc::kCorrupt) {
       sum.stopped_early = r.message();
