@@ -264,6 +264,8 @@ json Daemon::stop(const std::function<void(const json&)>& progress, bool automat
   std::lock_guard lock(rec_mu_);
   last_ = j;
   last_collected_ = !automatic;
+  add_counts(finished_, j);
+  finished_["recordings"] = finished_.value("recordings", 0) + 1;
   return j;
 }
 
@@ -308,6 +310,29 @@ void Daemon::reload(const DaemonConfig& c) {
   spdlog::info("reloaded the configuration from {}", c.config_file);
 }
 
+// Adds a recording's counts (its status or stop summary) to `totals`, the
+// daemon's counts since it started: status' "totals" (and the Prometheus
+// counters, which never go down between recordings).
+void Daemon::add_counts(json& totals, const json& rec) {
+  auto add = [](json& to, const char* key, const json& from) {
+    to[key] = to.value(key, uint64_t{0}) + from.value(key, uint64_t{0});
+  };
+  add(totals, "records", rec);
+  add(totals, "bytes", rec);
+  for (const auto& d : rec.value("devices", json::array())) {
+    json& t = totals["devices"][d.value("device", std::string())];
+    for (const char* k : {"records", "bytes", "lost", "invalid"}) add(t, k, d);
+    const json sync = d.value("sync", json::object());
+    t["sync_rounds"] = t.value("sync_rounds", uint64_t{0}) + sync.value("rounds", uint64_t{0});
+    t["sync_failed_rounds"] =
+        t.value("sync_failed_rounds", uint64_t{0}) + sync.value("failed_rounds", uint64_t{0});
+  }
+  for (const auto& h : rec.value("host_streams", json::array())) {
+    json& t = totals["apps"][h.value("app", std::string())];
+    for (const char* k : {"records", "bytes", "lost"}) add(t, k, h);
+  }
+}
+
 json Daemon::status() const {
   json j = {{"ok", true}};
   const DaemonConfig c = config();
@@ -318,12 +343,17 @@ json Daemon::status() const {
                  {"devices", c.devices},
                  {"apps", apps_.apps()}};
   std::shared_ptr<Recording> rec;
+  json totals;
   {
     std::lock_guard lock(rec_mu_);
     rec = rec_;
     j["last"] = last_;
+    totals = finished_;
   }
   j["recording"] = rec ? rec->status() : json(nullptr);
+  if (rec) add_counts(totals, j["recording"]);
+  totals["recordings"] = totals.value("recordings", 0) + (rec ? 1 : 0);
+  j["totals"] = std::move(totals);
   json streams = json::array();
   for (const auto& s : apps_.stats())
     streams.push_back({{"source", s.source},
