@@ -76,7 +76,8 @@ class Daemon {
   // The recording, shared with the collector thread.
   mutable std::mutex rec_mu_;
   std::shared_ptr<Recording> rec_;
-  nlohmann::json last_;                                 // summary of the last stopped recording
+  std::shared_ptr<Recording> stopping_;  // between rec_.reset() and its counts joining finished_
+  nlohmann::json last_;                  // summary of the last stopped recording
   nlohmann::json finished_ = nlohmann::json::object();  // counts of stopped recordings
   bool last_collected_ = true;                          // a `stop` has returned it
   std::mutex control_mu_;                               // one start/stop at a time

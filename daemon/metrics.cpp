@@ -4,6 +4,7 @@
 #include <prometheus/exposer.h>
 #include <prometheus/metric_family.h>
 
+#include <spdlog/spdlog.h>
 #include <nlohmann/json.hpp>
 
 #include "daemon.h"
@@ -138,8 +139,16 @@ std::vector<MetricFamily> metrics_from_status(const json& st) {
 
 struct MetricsServer::Source : prometheus::Collectable {
   explicit Source(const Daemon& d) : daemon(d) {}
+  // Runs on the exposer's thread: nothing may escape it.  A status that
+  // cannot be translated is logged and served as no metrics (Prometheus'
+  // `up` stays 1, the series go stale), never a daemon that dies.
   std::vector<MetricFamily> Collect() const override {
-    return metrics_from_status(daemon.status());
+    try {
+      return metrics_from_status(daemon.status());
+    } catch (const std::exception& e) {
+      spdlog::error("metrics: cannot translate the status: {}", e.what());
+      return {};
+    }
   }
   const Daemon& daemon;
 };
