@@ -58,6 +58,10 @@ void add_config_options(CLI::App& app, DaemonConfig& c) {
   app.add_option("--zstd-level", c.zstd_level, "zstd level for record chunks")
       ->capture_default_str()
       ->check(CLI::Range(1, 19));
+  app.add_option("--metrics", c.metrics,
+                 "Serve Prometheus metrics at http://ADDR:PORT/metrics (e.g. 127.0.0.1:9464; "
+                 "off when empty). Anyone who can reach it may read them; nothing can be "
+                 "changed through it");
 }
 
 std::string validate_config(const DaemonConfig& c) {
@@ -66,6 +70,12 @@ std::string validate_config(const DaemonConfig& c) {
   if (c.socket.empty()) return "--socket is empty";
   if (c.socket.size() >= 108)
     return "--socket " + c.socket + " is longer than a Unix socket path may be (107 bytes)";
+  if (!c.metrics.empty()) {
+    const auto colon = c.metrics.rfind(':');
+    if (colon == std::string::npos || colon == 0 || colon + 1 == c.metrics.size() ||
+        c.metrics.find_first_not_of("0123456789", colon + 1) != std::string::npos)
+      return "--metrics " + c.metrics + " is not ADDR:PORT (e.g. 127.0.0.1:9464)";
+  }
   return "";
 }
 

@@ -29,6 +29,7 @@ struct DaemonConfig {
   unsigned host_latency_ms = 100;    // host records may trail their time by this
   bool compress = true;
   int zstd_level = 1;
+  std::string metrics;  // ADDR:PORT of the Prometheus endpoint; "" = none
 };
 
 // Registers every option on `app` (used again on SIGHUP to reload).

@@ -252,6 +252,7 @@ json Daemon::stop(const std::function<void(const json&)>& progress, bool automat
   {
     std::lock_guard lock(rec_mu_);
     rec_.reset();
+    stopping_ = rec;  // its counts stay in status' totals until they join finished_
   }
   apps_.set_recording(false);
   collector_sync();  // no pass still holds the recording
@@ -264,6 +265,9 @@ json Daemon::stop(const std::function<void(const json&)>& progress, bool automat
   std::lock_guard lock(rec_mu_);
   last_ = j;
   last_collected_ = !automatic;
+  add_counts(finished_, j);
+  finished_["recordings"] = finished_.value("recordings", 0) + 1;
+  stopping_.reset();
   return j;
 }
 
@@ -308,6 +312,32 @@ void Daemon::reload(const DaemonConfig& c) {
   spdlog::info("reloaded the configuration from {}", c.config_file);
 }
 
+// Adds a recording's counts (its status or stop summary) to `totals`, the
+// daemon's counts since it started: status' "totals" (and the Prometheus
+// counters, which never go down between recordings).
+void Daemon::add_counts(json& totals, const json& rec) {
+  // `to` may still be null (a device or application seen for the first time).
+  auto count = [](const json& j, const char* key) {
+    return j.is_object() ? j.value(key, uint64_t{0}) : uint64_t{0};
+  };
+  auto add = [&](json& to, const char* key, const json& from) {
+    to[key] = count(to, key) + count(from, key);
+  };
+  add(totals, "records", rec);
+  add(totals, "bytes", rec);
+  for (const auto& d : rec.value("devices", json::array())) {
+    json& t = totals["devices"][d.value("device", std::string())];
+    for (const char* k : {"records", "bytes", "lost", "invalid"}) add(t, k, d);
+    const json sync = d.value("sync", json::object());
+    t["sync_rounds"] = count(t, "sync_rounds") + count(sync, "rounds");
+    t["sync_failed_rounds"] = count(t, "sync_failed_rounds") + count(sync, "failed_rounds");
+  }
+  for (const auto& h : rec.value("host_streams", json::array())) {
+    json& t = totals["apps"][h.value("app", std::string())];
+    for (const char* k : {"records", "bytes", "lost"}) add(t, k, h);
+  }
+}
+
 json Daemon::status() const {
   json j = {{"ok", true}};
   const DaemonConfig c = config();
@@ -317,13 +347,21 @@ json Daemon::status() const {
                  {"socket", c.socket},
                  {"devices", c.devices},
                  {"apps", apps_.apps()}};
-  std::shared_ptr<Recording> rec;
+  std::shared_ptr<Recording> rec, stopping;
+  json totals;
   {
     std::lock_guard lock(rec_mu_);
     rec = rec_;
+    stopping = stopping_;
     j["last"] = last_;
+    totals = finished_;
   }
   j["recording"] = rec ? rec->status() : json(nullptr);
+  // Counters never go down: a recording being stopped still counts.
+  if (rec) add_counts(totals, j["recording"]);
+  if (stopping) add_counts(totals, stopping->status());
+  totals["recordings"] = totals.value("recordings", 0) + (rec || stopping ? 1 : 0);
+  j["totals"] = std::move(totals);
   json streams = json::array();
   for (const auto& s : apps_.stats())
     streams.push_back({{"source", s.source},

@@ -50,12 +50,15 @@ class Daemon {
   void shutdown();
 
   DaemonConfig config() const;
+  // What `perfqctl status` prints, also served as Prometheus metrics
+  // (metrics.h); any thread.
+  nlohmann::json status() const;
   bool privileged(const Peer& p) const;
 
  private:
   nlohmann::json start(const nlohmann::json& req, const Peer& peer);
   nlohmann::json stop(const std::function<void(const nlohmann::json&)>& progress, bool automatic);
-  nlohmann::json status() const;
+  static void add_counts(nlohmann::json& totals, const nlohmann::json& rec);
   // Configured devices and /dev/perfqN (with their PCI facts), and the PCI
   // devices bound to perfq (every PCI device with `all`).
   nlohmann::json devices(bool all) const;
@@ -73,9 +76,11 @@ class Daemon {
   // The recording, shared with the collector thread.
   mutable std::mutex rec_mu_;
   std::shared_ptr<Recording> rec_;
-  nlohmann::json last_;         // summary of the last stopped recording
-  bool last_collected_ = true;  // a `stop` has returned it
-  std::mutex control_mu_;       // one start/stop at a time
+  std::shared_ptr<Recording> stopping_;  // between rec_.reset() and its counts joining finished_
+  nlohmann::json last_;                  // summary of the last stopped recording
+  nlohmann::json finished_ = nlohmann::json::object();  // counts of stopped recordings
+  bool last_collected_ = true;                          // a `stop` has returned it
+  std::mutex control_mu_;                               // one start/stop at a time
 
   std::thread collector_;
   std::atomic<bool> quit_{false};

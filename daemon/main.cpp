@@ -20,6 +20,7 @@
 #include "config.h"
 #include "control.h"
 #include "daemon.h"
+#include "metrics.h"
 
 namespace {
 
@@ -101,6 +102,17 @@ int main(int argc, char** argv) {
     spdlog::critical("{}", server.status().message());
     return 1;
   }
+  std::unique_ptr<MetricsServer> metrics;
+  if (!config.metrics.empty()) {
+    auto m = MetricsServer::listen(config.metrics, *daemon);
+    if (!m) {
+      spdlog::critical("{}", m.status().message());
+      return 1;
+    }
+    metrics = std::move(m.value());
+    spdlog::info("Prometheus metrics at http://{}/metrics (port {})", config.metrics,
+                 metrics->port());
+  }
   spdlog::info("perfq-daemon {} listening on {} ({} configured device(s))", PERFQ_VERSION_STRING,
                config.socket, config.devices.size());
   sd_notifyf(0, "READY=1\nSTATUS=listening on %s\nMAINPID=%d", config.socket.c_str(), getpid());
@@ -139,6 +151,7 @@ int main(int argc, char** argv) {
   }
   sd_notify(0, "STOPPING=1\nSTATUS=stopping: closing the trace");
   daemon->shutdown();
+  metrics.reset();  // before the daemon it reads
   server.value()->close();
   daemon.reset();
   spdlog::info("perfq-daemon exits");

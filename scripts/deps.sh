@@ -28,6 +28,10 @@ PACKAGES=(
   lttng-tools
   libspdlog-dev
   libsystemd-dev
+  # perfq-daemon --metrics: prometheus-cpp (registry and pull exposer); the
+  # Prometheus server that tests/daemon/prometheus_test.sh scrapes it with.
+  prometheus-cpp-dev
+  prometheus
   # PCI facts (perfqctl devices, trace metadata): libpci and the names it
   # looks up; the QEMU guest gets a copy of pci.ids too.
   libpci-dev
