@@ -317,10 +317,16 @@ static void *collector(void *arg)
 	uint64_t sleep_ns = 1000, deadline;
 
 	while (!atomic_load(&dev->stop_collector) && !perfq_dev_collector_fault(&dev->collector)) {
-		if (perfq_dev_collect(&dev->collector)) {
+		const size_t moved = perfq_dev_collect(&dev->collector);
+
+		/* A full batch: on at once.  A trickle: in batches of 1 ms, not
+		 * chasing the workers through the cache lines they write. */
+		if (moved >= dev->collector.batch) {
 			sleep_ns = 1000;
 			continue;
 		}
+		if (moved)
+			sleep_ns = 1000000;
 		nap_ns(sleep_ns);
 		sleep_ns = sleep_ns < 1000000 ? sleep_ns * 2 : 1000000;
 	}

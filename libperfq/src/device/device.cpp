@@ -67,8 +67,15 @@ RingFault DeviceCollector::fault() const {
 void DeviceCollector::run(const std::atomic<bool>& stop) {
   Backoff idle(opts_.max_sleep);
   while (!stop.load(std::memory_order_acquire)) {
-    if (pass() > 0)
+    // A full batch: go on at once.  Less: a steady trickle, taken in
+    // batches of max_sleep's worth, not chased record by record (a
+    // collector on the workers' heels reads each cache line of their
+    // queues while they are still writing it, and every record pays).
+    const size_t moved = pass();
+    if (moved >= c_.batch)
       idle.reset();
+    else if (moved > 0)
+      idle.steady();
     else
       idle.wait();
     if (perfq_dev_collector_fault(&c_)) break;  // the host wrote a head that makes no sense
