@@ -162,7 +162,9 @@ def main():
     per_scrape = (exposer_cpu_s() - cpu0) / scrapes
     print(f"scrape cost: {per_scrape * 1e3:.3f} ms CPU per scrape over {scrapes} scrapes "
           f"({per_scrape * 100:.3f} % of a core at one scrape a second)")
-    if per_scrape > 0.002:
+    # The cost is the plain build's figure: a sanitizer tree (PERFQ_SANITIZED
+    # set by ctest there) runs the same code several times slower.
+    if per_scrape > 0.002 and not os.environ.get("PERFQ_SANITIZED"):
         fail(f"a scrape costs {per_scrape * 1e3:.2f} ms CPU: over 0.2 % of a core at 1/s")
     subprocess.run([os.path.join(BIN, "perfq-demo-app"), "--device", f"shm:{region}",
                     "--socket", sock, "--jobs", "2000", "--threads", "2", "--job-us", "100",
