@@ -94,6 +94,8 @@ demo: build
 
 ARCH ?= native
 device-example: deps
+	@case "$(ARCH)" in native|riscv64|aarch64) ;; \
+	  *) echo "make device-example: ARCH=$(ARCH) is not one of native, riscv64, aarch64" >&2; exit 2 ;; esac
 	cmake -S . -B $(BUILD) -G $(GENERATOR) -DCMAKE_BUILD_TYPE=RelWithDebInfo $(CMAKE_ARGS) >/dev/null
 	cmake --build $(BUILD) --target device-example-$(ARCH)
 
