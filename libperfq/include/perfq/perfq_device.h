@@ -157,11 +157,10 @@ struct perfq_dev_queue {
 	uint64_t mask;
 	uint64_t tail;	     /* worker -> collector (release) */
 	uint64_t head_cache; /* the worker's copy of head */
-	uint64_t emitted;    /* records the worker tried to record (relaxed) */
-	uint64_t dropped;    /* of them refused because the queue was full (release) */
+	uint64_t dropped;    /* records refused because the queue was full (release) */
 	uint64_t last_drop_time; /* D of the newest drop (stored before dropped) */
 	uint16_t stream;
-	uint8_t pad0[PERFQ_CACHELINE - 7 * 8 - 2];
+	uint8_t pad0[PERFQ_CACHELINE - 6 * 8 - 2];
 	/* The collector's cache line. */
 	uint64_t head; /* collector -> worker (release) */
 	uint8_t pad1[PERFQ_CACHELINE - 8];
@@ -178,11 +177,11 @@ int perfq_dev_queue_init(struct perfq_dev_queue *q, uint16_t stream, struct perf
 static inline bool perfq_dev_record_at(struct perfq_dev_queue *q, uint32_t event,
 				       enum perfq_kind kind, uint64_t time, uint64_t arg)
 {
-	const uint64_t index = q->emitted;
+	/* Every record so far was queued (tail) or dropped: its index. */
 	const uint64_t tail = q->tail;
+	const uint64_t index = tail + q->dropped;
 	struct perfq_record *slot;
 
-	PERFQ_DEV_STORE_RELAXED(&q->emitted, index + 1);
 	if (tail - q->head_cache > q->mask) {
 		/* Pairs with the collector's release of head. */
 		q->head_cache = PERFQ_DEV_LOAD_ACQUIRE(&q->head);
@@ -217,10 +216,11 @@ static inline bool perfq_dev_record(struct perfq_dev_queue *q, const struct perf
 #endif
 }
 
-/* Exact accounting, from any thread: emitted = queued + dropped. */
+/* Exact accounting, from any thread: emitted = queued + dropped (exact once
+ * the worker has stopped; while it records, a value it has passed). */
 static inline uint64_t perfq_dev_queue_emitted(const struct perfq_dev_queue *q)
 {
-	return PERFQ_DEV_LOAD_RELAXED(&q->emitted);
+	return PERFQ_DEV_LOAD_ACQUIRE(&q->tail) + PERFQ_DEV_LOAD_ACQUIRE(&q->dropped);
 }
 static inline uint64_t perfq_dev_queue_dropped(const struct perfq_dev_queue *q)
 {
