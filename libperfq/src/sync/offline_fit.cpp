@@ -68,8 +68,7 @@ void local_knots(std::span<const SyncObservation> obs, const std::vector<size_t>
     lp.reserve(hi - lo);
     for (size_t q = lo; q < hi; ++q)
       lp.push_back(make_pt(obs[idx[q]], o.device_time, o.host_ns, seg_slope, cfg));
-    std::vector<uint8_t> lin(lp.size(), 1);
-    const FitOut f = robust_fit(lp, lin, local_var, cfg);
+    const FitOut f = robust_fit(lp, local_var, cfg);
     seg.knots.push_back(
         knot_from(f, o, seg_slope, seg.id, p == 0 ? seg.valid_from : o.device_time, true));
   }
@@ -91,8 +90,7 @@ PiecewiseModel::Segment fit_segment(std::span<const SyncObservation> obs,
   const SyncObservation& o0 = obs[idx.front()];
   std::vector<Pt> pts;
   for (size_t i : idx) pts.push_back(make_pt(obs[i], o0.device_time, o0.host_ns, prior.slope, cfg));
-  std::vector<uint8_t> in(pts.size(), 1);
-  const FitOut whole = robust_fit(pts, in, prior.var, cfg);
+  const FitOut whole = robust_fit(pts, prior.var, cfg);
   const long double seg_slope = prior.slope + whole.c;
   // Local fits may bend away from the whole-segment slope where the data
   // says so (drift that changes with temperature), but not on noise.

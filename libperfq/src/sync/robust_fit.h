@@ -106,29 +106,12 @@ inline uint64_t sat_add(uint64_t base, long double delta) noexcept {
 // 1 / (u^2/3 + floor^2): an error uniform within the bracket bound u has
 // variance u^2/3.  Residuals beyond max(k x 1.4826 x MAD, 2u, floor) are
 // rejected and the fit repeated until the inlier set is stable.
-struct FitOut {
-  long double a = 0, c = 0;  // at x = 0
-  long double xbar = 0;      // weighted mean x of the inliers
-  long double var_ybar = 0;  // variance of the fitted value at xbar
-  long double var_c = 0;     // variance of the slope
-  // The prior's pull on the slope, squared: (c - the data's own slope)^2.
-  // Negligible once rounds span a second; most of the slope for a young
-  // fit whose prior is wrong (a clock 5000 ppm off, a prior of +-1000).
-  long double bias_c2 = 0;
-  double sigma = 0;  // robust sigma of the residuals (ns)
-  size_t inliers = 0;
+// The SDK's types (perfq_device.h): a point carries its inlier flag.
+using FitOut = perfq_sync_fit;
+using Pt = perfq_sync_pt;
 
-  long double var_at(long double x) const { return var_ybar + (x - xbar) * (x - xbar) * var_c; }
-};
-
-struct Pt {
-  long double x, y, w;
-  double u;
-};
-
-// The fit of points p (in: the inlier mask, updated).
-FitOut robust_fit(const std::vector<Pt>& p, std::vector<uint8_t>& in, long double prior_var,
-                  const SyncConfig& cfg);
+// The fit of points p (their `in` flags: the inlier mask, updated).
+FitOut robust_fit(std::vector<Pt>& p, long double prior_var, const SyncConfig& cfg);
 
 // Observation o as a point relative to origin (d_o, h_o) and prior slope s0.
 Pt make_pt(const SyncObservation& o, uint64_t d_o, uint64_t h_o, long double s0,
