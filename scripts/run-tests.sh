@@ -9,6 +9,7 @@ total_pass=0
 total_fail=0
 rc=0
 results=()
+failed_names=()  # every failure by name, repeated after the totals
 while [ "${1:-}" = --results ]; do
   results+=("$2")
   shift 2
@@ -16,6 +17,7 @@ done
 for file in "${results[@]}"; do
   if [ ! -s "$file" ]; then
     echo "perfq: no results in $file" >&2
+    failed_names+=("$file: no results")
     total_fail=$((total_fail + 1))
     rc=1
     continue
@@ -23,6 +25,7 @@ for file in "${results[@]}"; do
   p=$(grep -c '^PASS ' "$file")
   f=$(grep -c '^FAIL ' "$file")
   echo "=== $file: $p passed, $f failed ==="
+  while IFS= read -r l; do failed_names+=("$file: $l"); done < <(grep '^FAIL ' "$file")
   total_pass=$((total_pass + p))
   total_fail=$((total_fail + f))
   [ "$f" -eq 0 ] || rc=1
@@ -33,9 +36,12 @@ for dir in "$@"; do
   ctest --test-dir "$dir" --output-on-failure --schedule-random -j "$(nproc)" 2>&1 | tee "$log"
   status=${PIPESTATUS[0]}
   line=$(grep -E '[0-9]+% tests passed, [0-9]+ tests? failed out of [0-9]+' "$log" | tail -n 1)
+  while IFS= read -r l; do failed_names+=("$dir: $l"); done \
+    < <(sed -n '/tests failed out of/,$s/^[[:space:]]*\([0-9]\+ - .*\)$/\1/p' "$log")
   rm -f "$log"
   if [ -z "$line" ]; then
     echo "perfq: ctest in $dir printed no summary" >&2
+    failed_names+=("$dir: ctest printed no summary")
     rc=1
     continue
   fi
@@ -46,5 +52,9 @@ for dir in "$@"; do
   [ "$status" -eq 0 ] || rc=1
 done
 echo
+if [ "${#failed_names[@]}" -gt 0 ]; then
+  echo "perfq: what failed:"
+  printf '  %s\n' "${failed_names[@]}"
+fi
 echo "perfq: $total_pass passed, $total_fail failed"
 exit $rc
