@@ -7,7 +7,9 @@
 # the runtime libraries perfq's binaries link, so that `dpkg -i` of the
 # project's .debs needs nothing from the network.
 #
-# Usage: qemu/build-rootfs.sh [--cache DIR]
+# Usage: qemu/build-rootfs.sh [--cache DIR] | --packages
+#   --packages prints the packages the rootfs gets (one a line) and exits;
+#   ctest's qemu.rootfs_packages checks they cover what perfq's binaries link.
 #   DIR defaults to ${XDG_CACHE_HOME:-$HOME/.cache}/perfq/rootfs
 # The last line on stdout is the rootfs directory, DIR/rootfs-KEY, where KEY
 # hashes the package list, the kernel version, and this script.  It is built
@@ -19,14 +21,33 @@ set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 SELF="$ROOT/qemu/build-rootfs.sh"
 CACHE=${XDG_CACHE_HOME:-$HOME/.cache}/perfq/rootfs
+PRINT_PACKAGES=
 while [ $# -gt 0 ]; do
   case $1 in
     --cache) CACHE=$2; shift 2 ;;
     --cache=*) CACHE=${1#--cache=}; shift ;;
-    -h|--help) sed -n '2,18p' "$SELF"; exit 0 ;;
+    --packages) PRINT_PACKAGES=1; shift ;;
+    -h|--help) sed -n '2,20p' "$SELF"; exit 0 ;;
     *) echo "perfq rootfs: unknown argument $1" >&2; exit 2 ;;
   esac
 done
+# What debootstrap installs (from SUITE alone): PID 1 and the basics.
+BASE=(systemd systemd-sysv udev dbus kmod procps coreutils initramfs-tools)
+# What apt installs after it, from SUITE, SUITE-updates and SUITE-security:
+# the host's kernel (below), DKMS and its compiler, and the libraries
+# perfq's binaries link (ldd perfq-daemon perfqctl perfq-demo-app, mapped
+# with dpkg -S; ctest's qemu.rootfs_packages checks this list against the
+# build), pci.ids for the device names.
+EXTRA=(dkms gcc make libc6-dev
+       libstdc++6 libgcc-s1 libsystemd0 libudev1 libzstd1 libpci3 pci.ids
+       libbpf1 libelf1 libfmt9 libspdlog1.10 libgcrypt20 liblz4-1 libcap2
+       libgpg-error0 liblzma5 zlib1g
+       libprometheus-cpp-core1.0 libprometheus-cpp-pull1.0)
+if [ -n "$PRINT_PACKAGES" ]; then
+  printf '%s\n' "${BASE[@]}" "${EXTRA[@]}"
+  exit 0
+fi
+
 say() { echo "perfq rootfs: $*" >&2; }
 die() { say "$*"; exit 1; }
 
@@ -79,21 +100,13 @@ MIRROR=${MIRROR:-http://deb.debian.org/debian}
 SECURITY=${PERFQ_DEBIAN_SECURITY:-$(host_uri "$SUITE-security")}
 SECURITY=${SECURITY:-http://deb.debian.org/debian-security}
 
-# What debootstrap installs (from SUITE alone): PID 1 and the basics.
-BASE=(systemd systemd-sysv udev dbus kmod procps coreutils initramfs-tools)
-# What apt installs after it, from SUITE, SUITE-updates and SUITE-security:
-# the host's kernel, DKMS and its compiler, and the libraries perfq's
-# binaries link (ldd perfq-daemon perfqctl perfq-demo-app, mapped with
-# dpkg -S), pci.ids for the device names.
-EXTRA=("linux-image-$KVER=$KPKGVER" "linux-headers-$KVER=$KPKGVER"
-       "linux-image-$FLAVOUR=$META" "linux-headers-$FLAVOUR=$META"
-       dkms gcc make libc6-dev
-       libstdc++6 libgcc-s1 libsystemd0 libudev1 libzstd1 libpci3 pci.ids
-       libbpf1 libelf1 libfmt9 libspdlog1.10 libgcrypt20 liblz4-1 libcap2
-       libgpg-error0 liblzma5 zlib1g)
 # Modules the initrd needs to find the root disk (virtio-blk, AHCI) and
 # mount ext4: MODULES=list keeps the initrd small (it unpacks under TCG).
 INITRD_MODULES=(virtio_pci virtio_blk ahci sd_mod ext4 crc32c_generic)
+
+# The host's kernel, the very same package versions.
+EXTRA=("linux-image-$KVER=$KPKGVER" "linux-headers-$KVER=$KPKGVER"
+       "linux-image-$FLAVOUR=$META" "linux-headers-$FLAVOUR=$META" "${EXTRA[@]}")
 
 KEY=$({ printf '%s\n' "$SUITE" "${BASE[@]}" "${EXTRA[@]}" "${INITRD_MODULES[@]}"; cat "$SELF"; } |
   sha256sum | cut -c1-16)
