@@ -80,6 +80,10 @@ PACKAGES=(
   # toolchains for the freestanding check (make test).
   gcc-riscv64-linux-gnu
   gcc-aarch64-linux-gnu
+  # ...and their C libraries: only Recommended by the compilers, so
+  # --no-install-recommends leaves them out (bits/wordsize.h missing).
+  libc6-dev-riscv64-cross
+  libc6-dev-arm64-cross
   qemu-user-static
   gcc-riscv64-unknown-elf
   gcc-arm-none-eabi
