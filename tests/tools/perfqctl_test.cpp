@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <catch2/catch.hpp>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -254,6 +255,59 @@ TEST_CASE("perfqctl: usage errors exit 2, failures exit 1 with one line", "[perf
   CHECK(count_lines(torn_export.err) == 1);
   CHECK_THAT(torn_export.err, Catch::Contains("byte offset"));
   CHECK(count_lines(slurp(dir.file("t.csv"))) == 301);
+}
+
+TEST_CASE("perfqctl report/export: a trace whose structure is damaged exits 1 and says where",
+          "[perfqctl]") {
+  TempDir dir("ctl");
+  const std::string trace = make_trace(dir);
+  // The first records chunk appended after the end chunk: an end in the middle, and a repeated
+  // records chunk.
+  std::string bytes = slurp(trace);
+  auto chunk_len = [&](uint64_t off) {
+    uint32_t stored = 0;
+    std::memcpy(&stored, bytes.data() + off + 8, 4);
+    return kTraceChunkHeaderSize + stored;
+  };
+  auto chunk_type = [&](uint64_t off) {
+    uint16_t type = 0;
+    std::memcpy(&type, bytes.data() + off + 4, 2);
+    return type;
+  };
+  uint64_t first = kTraceFileHeaderSize;
+  while (chunk_type(first) != static_cast<uint16_t>(ChunkType::kRecords)) {
+    first += chunk_len(first);
+    REQUIRE(first < bytes.size());
+  }
+  const std::string copy = bytes.substr(first, chunk_len(first));
+  const uint64_t copy_at = bytes.size();
+  {
+    std::ofstream f(trace, std::ios::binary | std::ios::app);
+    f << copy;
+  }
+  Run r = perfqctl(dir, "report --json " + trace);
+  INFO(r.err);
+  CHECK(r.rc == 1);
+  CHECK(count_lines(r.err) == 2);
+  CHECK_THAT(r.err, Catch::Contains("trace damaged") && Catch::Contains("end chunk in the middle"));
+  CHECK_THAT(r.err, Catch::Contains("byte offset " + std::to_string(copy_at) + ":") &&
+                        Catch::Contains("repeats the records chunk at byte offset " +
+                                        std::to_string(first)));
+  auto j = nlohmann::json::parse(r.out);
+  CHECK(j["complete"] == false);
+  CHECK(j["clean_end"] == false);
+  CHECK(j["problems"].size() == 2);
+  // Nothing counted twice.
+  CHECK(j["records"]["host"].get<int>() + j["records"]["device"].get<int>() == 320);
+
+  Run text = perfqctl(dir, "report " + trace);
+  CHECK(text.rc == 1);
+  CHECK_THAT(text.out, Catch::Contains("WARNING: trace damaged"));
+
+  Run ex = perfqctl(dir, "export " + trace + " --format csv -o " + dir.file("t.csv"));
+  CHECK(ex.rc == 1);
+  CHECK_THAT(ex.err, Catch::Contains("repeats the records chunk"));
+  CHECK(count_lines(slurp(dir.file("t.csv"))) == 321);
 }
 
 }  // namespace

@@ -45,14 +45,17 @@ void add_export_command(CLI::App& app, int& exit_code) {
       exit_code = kExitFail;
       return;
     }
+    exit_code = kExitOk;
+    for (const auto& p : r->problems) {
+      std::fprintf(stderr, "perfqctl: export: trace damaged: %s\n", p.message.c_str());
+      exit_code = kExitFail;
+    }
     if (!r->stopped_early.empty()) {
       std::fprintf(stderr,
                    "perfqctl: export: trace damaged, exported the %llu records before it: %s\n",
                    static_cast<unsigned long long>(r->records), r->stopped_early.c_str());
       exit_code = kExitFail;
-      return;
     }
-    exit_code = kExitOk;
   });
 }
 

@@ -72,6 +72,10 @@ void compare(const perfq::TraceReport& a, const std::string& other,
   }
   exit_code = kExitOk;
   for (const perfq::TraceReport* r : {&a, static_cast<const perfq::TraceReport*>(&b.value())}) {
+    for (const auto& p : r->problems) {
+      std::fprintf(stderr, "perfqctl: report: trace damaged: %s\n", p.message.c_str());
+      exit_code = kExitFail;
+    }
     if (r->stopped_early.empty()) continue;
     std::fprintf(stderr, "perfqctl: report: trace damaged: %s\n", r->stopped_early.c_str());
     exit_code = kExitFail;
@@ -171,13 +175,17 @@ void add_report_command(CLI::App& app, int& exit_code) {
         return;
       }
     }
+    exit_code = kExitOk;
+    for (const auto& p : r->problems) {
+      // The report skipped what it could not trust; say what and where.
+      std::fprintf(stderr, "perfqctl: report: trace damaged: %s\n", p.message.c_str());
+      exit_code = kExitFail;
+    }
     if (!r->stopped_early.empty()) {
       // The report covers everything before the damage; say where it is.
       std::fprintf(stderr, "perfqctl: report: trace damaged: %s\n", r->stopped_early.c_str());
       exit_code = kExitFail;
-      return;
     }
-    exit_code = kExitOk;
   });
 }
 

@@ -37,6 +37,8 @@ struct TraceExportSummary {
   // message; everything before it was exported.
   std::string stopped_early;
   uint64_t stop_offset = 0;
+  // Faults of the file's structure the reader read past (TraceProblem).
+  std::vector<TraceProblem> problems;
 };
 
 // Exports the trace at `in` to `out` (a file; a directory for ctf, created

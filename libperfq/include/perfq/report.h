@@ -284,6 +284,8 @@ struct TraceReport {
   // message (with the byte offset); the report covers everything before it.
   std::string stopped_early;
   uint64_t stop_offset = 0;
+  // Faults of the file's structure the reader read past (TraceProblem).
+  std::vector<TraceProblem> problems;
 
   int64_t first_ns = 0;  // host times of the first and last record
   int64_t last_ns = 0;

@@ -316,20 +316,35 @@ class TraceVisitor {
   virtual Status on_end(const TraceEnd&) { return Status::ok(); }
 };
 
+// A fault in the file's structure that every chunk's own checks pass: the
+// reader says it and reads on (what it could not trust was skipped).
+struct TraceProblem {
+  uint64_t offset = 0;  // byte offset of the chunk it is about
+  std::string message;  // "PATH: byte offset N: chunk K (type): reason"
+};
+
 // What a read() got through.
 struct TraceReadSummary {
-  uint64_t chunks = 0;  // complete chunks delivered
-  uint64_t records = 0;
-  uint64_t bytes = 0;           // offset just past the last complete chunk
-  bool clean_end = false;       // an END chunk was read (writer closed cleanly)
+  uint64_t chunks = 0;   // complete chunks read
+  uint64_t records = 0;  // records delivered (a duplicated chunk's are not)
+  uint64_t bytes = 0;    // offset just past the last complete chunk
+  // The last chunk is an END chunk whose counts match what came before it
+  // (the writer closed the file, and nothing was added or lost since).
+  bool clean_end = false;
   uint64_t unknown_chunks = 0;  // valid chunks of a type this reader skips
+  // Structure faults: no metadata chunk first, an END chunk followed by more
+  // chunks or whose counts disagree with the file, a records chunk that
+  // repeats an earlier one (skipped).  Each is also a reason clean_end is
+  // false.
+  std::vector<TraceProblem> problems;
 };
 
 // Reads a trace file chunk by chunk.  read() returns ok when the file ends
 // at a chunk boundary; at a torn or corrupt chunk it returns kCorrupt with
 // "PATH: byte offset N: chunk K (type): reason" after delivering every chunk
-// before it; error_offset() is that N.  Never reads past a chunk it did not
-// validate, never allocates more than kTraceMaxChunkBytes twice.
+// before it; error_offset() is that N.  A fault of the file's structure
+// (TraceReadSummary::problems) does not stop it.  Never reads past a chunk it
+// did not validate, never allocates more than kTraceMaxChunkBytes twice.
 class TraceReader {
  public:
   static Result<TraceReader> open(const std::string& path);

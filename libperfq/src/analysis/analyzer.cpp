@@ -725,6 +725,7 @@ Result<TraceReport> analyze_trace(const std::string& path, const TraceReportOpti
   }
   r.chunks = reader->summary().chunks;
   r.clean_end = reader->summary().clean_end;
+  r.problems = reader->summary().problems;
   a.finish(options);
   return r;
 }

@@ -154,9 +154,11 @@ const sourceName = (id) => {
 // ---- Header -----------------------------------------------------------------
 document.title = 'perfq report: ' + R.file;
 add(app, 'h1', {}, 'perfq report');
-add(app, 'p', {}, el('code', {}, R.file), R.complete ? '' : ' \u2014 ',
-    R.complete ? '' : el('span', {class: 'warn', 'data-json': 'stopped_early.reason'},
-                         'trace damaged: ' + (R.stopped_early ? R.stopped_early.reason : '')));
+add(app, 'p', {}, el('code', {}, R.file), R.stopped_early ? ' \u2014 ' : '',
+    R.stopped_early ? el('span', {class: 'warn', 'data-json': 'stopped_early.reason'},
+                         'trace damaged: ' + R.stopped_early.reason) : '');
+for (const p of R.problems || [])
+  add(app, 'p', {}, el('span', {class: 'warn'}, 'trace damaged: ' + p.reason));
 
 // ---- The trace --------------------------------------------------------------
 {

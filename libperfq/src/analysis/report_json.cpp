@@ -252,10 +252,15 @@ ordered_json off_cpu_json(const ReportOffCpu& oc) {
 std::string report_to_json(const TraceReport& r) {
   ordered_json j;
   j["file"] = r.path;
-  j["complete"] = r.stopped_early.empty();
+  j["complete"] = r.stopped_early.empty() && r.problems.empty();
   j["clean_end"] = r.clean_end;
   if (!r.stopped_early.empty()) {
     j["stopped_early"] = {{"offset", r.stop_offset}, {"reason", r.stopped_early}};
+  }
+  if (!r.problems.empty()) {
+    ordered_json ps = ordered_json::array();
+    for (const auto& p : r.problems) ps.push_back({{"offset", p.offset}, {"reason", p.message}});
+    j["problems"] = std::move(ps);
   }
   j["host"] = {{"name", r.metadata.host_name},
                {"kernel", r.metadata.kernel},

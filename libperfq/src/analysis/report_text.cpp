@@ -153,7 +153,9 @@ std::string report_to_text(const TraceReport& r) {
   if (!r.stopped_early.empty()) {
     line(fmt::format("WARNING: trace ends early: {}; the figures cover the {} chunks before it",
                      r.stopped_early, r.chunks));
-  } else if (!r.clean_end) {
+  }
+  for (const auto& p : r.problems) line("WARNING: trace damaged: " + p.message);
+  if (r.stopped_early.empty() && r.problems.empty() && !r.clean_end) {
     line("note: no end chunk (the writer did not close the file); all chunks are complete");
   }
   pci_text(r, line);

@@ -4,7 +4,10 @@
 #include <unistd.h>
 #include <zstd.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <string_view>
+#include <unordered_map>
 #include <vector>
 
 #include <fmt/format.h>
@@ -53,11 +56,26 @@ struct TraceReader::Impl {
     return static_cast<ssize_t>(got);
   }
 
+  std::string where(uint64_t off, uint64_t chunk_no, uint16_t type) const {
+    return fmt::format("{}: byte offset {}: chunk {} ({})", path, off, chunk_no,
+                       chunk_type_name(type));
+  }
   Status corrupt(uint64_t off, uint64_t chunk_no, uint16_t type, const std::string& why) {
     error_offset = off;
-    return Status(Errc::kCorrupt, fmt::format("{}: byte offset {}: chunk {} ({}): {}", path, off,
-                                              chunk_no, chunk_type_name(type), why));
+    return Status(Errc::kCorrupt, where(off, chunk_no, type) + ": " + why);
   }
+  void problem(uint64_t off, uint64_t chunk_no, uint16_t type, const std::string& why) {
+    summary.problems.push_back({off, where(off, chunk_no, type) + ": " + why});
+  }
+
+  // The file's structure, checked across chunks as they are read.
+  struct End {
+    uint64_t off = 0, chunk_no = 0;
+  };
+  std::optional<End> end_seen;  // the last END chunk, while nothing followed it
+  bool end_followed = false;    // said once
+  // Records chunks by their checksum and first record: a repeat is a copy.
+  std::unordered_map<uint64_t, uint64_t> records_chunks;  // key -> offset
 
   Status read(TraceVisitor& v);
 
@@ -68,8 +86,12 @@ struct TraceReader::Impl {
     uint32_t stored_len = 0;
     uint32_t raw_len = 0;
     uint32_t count = 0;
+    uint32_t crc = 0;
     const uint8_t* payload = nullptr;
   };
+  // Checks chunk c at off against the chunks before it (problems); false:
+  // do not deliver it.
+  bool structure(uint64_t off, uint64_t chunk_no, const Chunk& c);
   // The chunk at off whose n header bytes (n > 0) are h.
   Status load_chunk(uint64_t off, uint64_t chunk_no, const uint8_t* h, size_t n, Chunk& c);
   // Decodes c's items and hands them to v (v's answer in s); an error is
@@ -128,18 +150,29 @@ Status TraceReader::Impl::read(TraceVisitor& v) {
   summary = {};
   error_offset = 0;
   metadata = {};
+  end_seen.reset();
+  end_followed = false;
+  records_chunks.clear();
   uint64_t off = kTraceFileHeaderSize;
   uint64_t chunk_no = 0;
   for (;; ++chunk_no) {
     uint8_t h[kTraceChunkHeaderSize];
     ssize_t n = read_at(off, h, sizeof h);
     if (n < 0) return Status::from_errno(fmt::format("{}: read at byte offset {}", path, off));
-    if (n == 0) return Status::ok();  // ends at a chunk boundary
+    if (n == 0) {  // ends at a chunk boundary
+      summary.clean_end = summary.clean_end && end_seen.has_value();
+      return Status::ok();
+    }
     Chunk c;
-    if (Status e = load_chunk(off, chunk_no, h, static_cast<size_t>(n), c); !e.is_ok()) return e;
+    if (Status e = load_chunk(off, chunk_no, h, static_cast<size_t>(n), c); !e.is_ok()) {
+      summary.clean_end = false;  // whatever an END said, the file goes on
+      return e;
+    }
     const uint64_t next = off + kTraceChunkHeaderSize + c.stored_len;
     Status s;
-    if (Status e = deliver(off, chunk_no, c, v, s); !e.is_ok()) return e;
+    if (structure(off, chunk_no, c)) {
+      if (Status e = deliver(off, chunk_no, c, v, s); !e.is_ok()) return e;
+    }
     summary.chunks = chunk_no + 1;
     summary.bytes = next;
     if (!s.is_ok()) return s;
@@ -162,7 +195,7 @@ Status TraceReader::Impl::load_chunk(uint64_t off, uint64_t chunk_no, const uint
   const uint32_t stored_len = c.stored_len = get<uint32_t>(h + 8);
   const uint32_t raw_len = c.raw_len = get<uint32_t>(h + 12);
   c.count = get<uint32_t>(h + 16);
-  uint32_t crc = get<uint32_t>(h + 20);
+  const uint32_t crc = c.crc = get<uint32_t>(h + 20);
   // Check the header's own fields before trusting any length in it.
   if (stored_len > kTraceMaxChunkBytes || raw_len > kTraceMaxChunkBytes) {
     return corrupt(off, chunk_no, type,
@@ -208,6 +241,41 @@ Status TraceReader::Impl::load_chunk(uint64_t off, uint64_t chunk_no, const uint
                                stored_len, raw_len));
   }
   return Status::ok();
+}
+
+bool TraceReader::Impl::structure(uint64_t off, uint64_t chunk_no, const Chunk& c) {
+  const auto type = static_cast<ChunkType>(c.type);
+  if (chunk_no == 0 && type != ChunkType::kMetadata) {
+    problem(off, chunk_no, c.type,
+            "the first chunk is not metadata: the trace's sources, events and clocks are unknown "
+            "(device records would read as host records)");
+  }
+  if (end_seen && !end_followed) {
+    end_followed = true;
+    problem(end_seen->off, end_seen->chunk_no, static_cast<uint16_t>(ChunkType::kEnd),
+            fmt::format("an end chunk in the middle of the file: chunk {} at byte offset {} and "
+                        "more follow it (read on)",
+                        chunk_no, off));
+  }
+  end_seen.reset();
+  summary.clean_end = false;
+  if (type == ChunkType::kRecords && c.count > 0) {
+    // A copy of an earlier records chunk has its checksum and its records;
+    // two chunks of one writer never share a record (each has its own
+    // stream index).
+    const size_t n = std::min<size_t>(c.raw_len, 2 * kRecordSize);
+    const uint64_t key = std::hash<std::string_view>{}(
+                             std::string_view(reinterpret_cast<const char*>(c.payload), n)) ^
+                         (uint64_t{c.crc} * 0x9E3779B97F4A7C15ull);
+    const auto [it, fresh] = records_chunks.emplace(key, off);
+    if (!fresh) {
+      problem(off, chunk_no, c.type,
+              fmt::format("repeats the records chunk at byte offset {} ({} records): skipped",
+                          it->second, c.count));
+      return false;
+    }
+  }
+  return true;
 }
 
 Status TraceReader::Impl::deliver(uint64_t off, uint64_t chunk_no, const Chunk& ch, TraceVisitor& v,
@@ -268,7 +336,15 @@ Status TraceReader::Impl::deliver(uint64_t off, uint64_t chunk_no, const Chunk& 
         return corrupt(off, chunk_no, type, fmt::format("end chunk of {} bytes", raw_len));
       }
       TraceEnd e{get<uint64_t>(payload), get<uint64_t>(payload + 8)};
-      summary.clean_end = true;
+      if (e.records != summary.records || e.chunks != chunk_no) {
+        problem(off, chunk_no, type,
+                fmt::format("the end chunk counts {} records in {} chunks; the file holds {} "
+                            "records in {} chunks before it",
+                            e.records, e.chunks, summary.records, chunk_no));
+      } else {
+        summary.clean_end = true;
+      }
+      end_seen = End{off, chunk_no};
       s = v.on_end(e);
       break;
     }

@@ -528,6 +528,127 @@ TEST_CASE("trace: cut at every byte of the last chunks, the reader stops there",
   }
 }
 
+// A file whose every chunk is sound but whose structure is not: the reader
+// names each fault with its offset, skips what it cannot trust and reads on.
+TEST_CASE("trace: a file's structure is checked, not only its chunks", "[trace]") {
+  TempDir dir("trace");
+  auto write = [&](const std::string& name, uint64_t first, uint64_t n) {
+    TraceWriterOptions o;
+    o.compress = false;
+    o.records_per_chunk = 40;
+    auto w = TraceWriter::open(dir.file(name), test_metadata(), o);
+    REQUIRE(w.is_ok());
+    std::vector<TraceRecord> recs;
+    for (uint64_t i = first; i < first + n; ++i) recs.push_back(nth_record(i));
+    REQUIRE(w->append_records(recs).is_ok());
+    REQUIRE(w->close().is_ok());
+    return slurp(dir.file(name));
+  };
+  // metadata, three records chunks of 40, end
+  const std::vector<uint8_t> good = write("good.pq", 0, 120);
+  const Layout l = layout_of(good);
+  REQUIRE(l.chunk_starts.size() == 6);
+  auto chunk = [&](size_t k) {
+    return std::vector<uint8_t>(good.begin() + static_cast<long>(l.chunk_starts[k]),
+                                good.begin() + static_cast<long>(l.chunk_starts[k + 1]));
+  };
+  // Header and chunks, in this order.
+  auto file = [&](const std::string& name, const std::vector<std::vector<uint8_t>>& chunks) {
+    std::vector<uint8_t> b(good.begin(), good.begin() + kTraceFileHeaderSize);
+    for (const auto& c : chunks) b.insert(b.end(), c.begin(), c.end());
+    spit(dir.file(name), b.data(), b.size());
+    return dir.file(name);
+  };
+  struct Read {
+    Status status;
+    TraceReadSummary summary;
+    Checker seen;
+  };
+  auto read = [](const std::string& path) {
+    Read r;
+    auto reader = TraceReader::open(path);
+    REQUIRE(reader.is_ok());
+    r.status = reader->read(r.seen);
+    r.summary = reader->summary();
+    for (const auto& p : r.summary.problems) UNSCOPED_INFO(p.message);
+    return r;
+  };
+  auto at = [](const TraceProblem& p, uint64_t off) {
+    return p.offset == off &&
+           p.message.find("byte offset " + std::to_string(off) + ":") != std::string::npos;
+  };
+
+  SECTION("a sound file: no problem, a clean end") {
+    Read r = read(dir.file("good.pq"));
+    REQUIRE(r.status.is_ok());
+    CHECK(r.summary.problems.empty());
+    CHECK(r.summary.clean_end);
+    CHECK(r.seen.records == 120);
+  }
+  SECTION("an end chunk in the middle: named, and what follows is read") {
+    // Another writer's records 120..159 after this file's end.
+    const std::vector<uint8_t> more = write("more.pq", 120, 40);
+    const Layout m = layout_of(more);
+    const std::vector<uint8_t> tail(more.begin() + static_cast<long>(m.chunk_starts[1]),
+                                    more.begin() + static_cast<long>(m.chunk_starts[2]));
+    Read r = read(file("mid-end.pq", {chunk(0), chunk(1), chunk(2), chunk(3), chunk(4), tail}));
+    REQUIRE(r.status.is_ok());
+    REQUIRE(r.summary.problems.size() == 1);
+    CHECK(at(r.summary.problems[0], l.chunk_starts[4]));
+    CHECK_THAT(r.summary.problems[0].message, Catch::Contains("end chunk in the middle"));
+    CHECK_FALSE(r.summary.clean_end);
+    CHECK(r.seen.records == 160);
+    CHECK(r.seen.mismatches == 0);
+  }
+  SECTION("an end chunk that counts records the file does not hold") {
+    std::vector<uint8_t> end = chunk(4);
+    const uint64_t claimed = 999'999;
+    std::memcpy(&end[kTraceChunkHeaderSize], &claimed, 8);  // TraceEnd::records
+    const uint32_t crc = crc32c_extend(crc32c(end.data(), 20), &end[kTraceChunkHeaderSize],
+                                       end.size() - kTraceChunkHeaderSize);
+    std::memcpy(&end[20], &crc, 4);
+    Read r = read(file("end-lies.pq", {chunk(0), chunk(1), chunk(2), chunk(3), end}));
+    REQUIRE(r.status.is_ok());
+    REQUIRE(r.summary.problems.size() == 1);
+    CHECK(at(r.summary.problems[0], l.chunk_starts[4]));
+    CHECK_THAT(r.summary.problems[0].message, Catch::Contains("999999 records"));
+    CHECK_THAT(r.summary.problems[0].message, Catch::Contains("holds 120 records"));
+    CHECK_FALSE(r.summary.clean_end);
+    CHECK(r.seen.records == 120);
+  }
+  SECTION("a records chunk twice: the copy is named and skipped") {
+    Read r = read(file("dup.pq", {chunk(0), chunk(1), chunk(2), chunk(2), chunk(3), chunk(4)}));
+    REQUIRE(r.status.is_ok());
+    const uint64_t copy_at = l.chunk_starts[3];  // where the copy sits
+    REQUIRE(r.summary.problems.size() == 2);     // the copy, then the end's chunk count
+    CHECK(at(r.summary.problems[0], copy_at));
+    CHECK_THAT(r.summary.problems[0].message,
+               Catch::Contains("repeats the records chunk at byte offset " +
+                               std::to_string(l.chunk_starts[2])));
+    CHECK_THAT(r.summary.problems[1].message, Catch::Contains("in 5 chunks"));
+    CHECK(r.seen.records == 120);  // each once, in order
+    CHECK(r.summary.records == 120);
+    CHECK(r.seen.mismatches == 0);
+    CHECK_FALSE(r.summary.clean_end);
+  }
+  SECTION("no metadata chunk: named at the first chunk") {
+    Read r = read(file("nometa.pq", {chunk(1), chunk(2), chunk(3), chunk(4)}));
+    REQUIRE(r.status.is_ok());
+    REQUIRE(r.summary.problems.size() == 2);  // no metadata, then the end's chunk count
+    CHECK(at(r.summary.problems[0], kTraceFileHeaderSize));
+    CHECK_THAT(r.summary.problems[0].message, Catch::Contains("not metadata"));
+    CHECK(r.seen.metadata_chunks == 0);
+    CHECK(r.seen.records == 120);
+    CHECK_FALSE(r.summary.clean_end);
+  }
+  SECTION("garbage after a clean end: not a clean end") {
+    std::vector<uint8_t> junk(kTraceChunkHeaderSize + 8, 0x5a);
+    Read r = read(file("junk.pq", {chunk(0), chunk(1), chunk(2), chunk(3), chunk(4), junk}));
+    CHECK(r.status.code() == Errc::kCorrupt);
+    CHECK_FALSE(r.summary.clean_end);
+  }
+}
+
 TEST_CASE("trace: any flipped bit is caught at its chunk", "[trace]") {
   const bool compress = GENERATE(false, true);
   TempDir dir("trace");
@@ -628,7 +749,8 @@ TEST_CASE("trace: a garbage tail and absurd lengths are refused without big allo
   CHECK(r->error_offset() == good);
   CHECK_THAT(s.message(), Catch::Contains("exceeds"));
   CHECK(v.records == 2);
-  CHECK(r->summary().clean_end);  // the END chunk came before the garbage
+  // The END chunk came before the garbage: it did not end the file.
+  CHECK_FALSE(r->summary().clean_end);
 }
 
 }  // namespace

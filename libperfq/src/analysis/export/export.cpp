@@ -52,6 +52,7 @@ Result<TraceExportSummary> export_trace(const std::string& in, TraceExportFormat
                           : nullptr;
     Status r = reader->read(shown ? *shown : inner);
     sum.records = reader->summary().records;
+    sum.problems = reader->summary().problems;
     if (!r.is_ok() && r.code() == Errc::kCorrupt) {
       sum.stopped_early = r.message();
       sum.stop_offset = reader->error_offset();
