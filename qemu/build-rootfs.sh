@@ -39,10 +39,10 @@ BASE=(systemd systemd-sysv udev dbus kmod procps coreutils initramfs-tools)
 # with dpkg -S; ctest's qemu.rootfs_packages checks this list against the
 # build), pci.ids for the device names.
 EXTRA=(dkms gcc make libc6-dev
-       libstdc++6 libgcc-s1 libsystemd0 libudev1 libzstd1 libpci3 pci.ids
+       libc6 libstdc++6 libgcc-s1 libsystemd0 libudev1 libzstd1 libpci3 pci.ids
        libbpf1 libelf1 libfmt9 libspdlog1.10 libgcrypt20 liblz4-1 libcap2
        libgpg-error0 liblzma5 zlib1g
-       libprometheus-cpp-core1.0 libprometheus-cpp-pull1.0)
+       libprometheus-cpp-core1.0 libprometheus-cpp-pull1.0 libcivetweb1)
 if [ -n "$PRINT_PACKAGES" ]; then
   printf '%s\n' "${BASE[@]}" "${EXTRA[@]}"
   exit 0
