@@ -9,6 +9,8 @@
 #   make device-example ARCH=riscv64|aarch64|native  the example device on the
 #                 SDK (build/device-example/ARCH/perfq-device-example)
 #   make bench    build and run the benchmarks (figures in build/bench/results.json)
+#   make fuzz     build the libFuzzer harnesses (clang, build-fuzz/) and run each
+#                 for 10 M inputs (FUZZ_RUNS=N to change; make test runs each 30 s)
 #   make accuracy build, then record devsim --truth 50 times (three scenarios, half
 #                 of them on loaded CPUs) and check every device time against
 #                 the truth and its own claim (~12 min; build/accuracy.json)
@@ -25,13 +27,15 @@
 BUILD       ?= build
 BUILD_ASAN  ?= build-asan
 BUILD_TSAN  ?= build-tsan
+BUILD_FUZZ  ?= build-fuzz
+FUZZ_RUNS   ?= 10000000
 GENERATOR   ?= Ninja
 CMAKE_ARGS  ?=
 JOBS        ?= $(shell nproc)
 PREFIX      ?= /usr/local
 DESTDIR     ?=
 
-.PHONY: all build deps device-example asan tsan test qemu-test qemu-shell demo bench accuracy clean help install uninstall install-dkms uninstall-dkms deb format
+.PHONY: all build deps device-example asan tsan fuzz test qemu-test qemu-shell demo bench accuracy clean help install uninstall install-dkms uninstall-dkms deb format
 
 all: build
 
@@ -58,6 +62,7 @@ tsan: deps
 
 QEMU_RESULTS = $(BUILD)/qemu/results.txt
 DEB_RESULTS  = $(BUILD)/deb/results.txt
+FUZZ_RESULTS = $(BUILD_FUZZ)/results.txt
 DEBS         = $(BUILD)/deb/perfq_$(VERSION)_amd64.deb $(BUILD)/deb/perfq-dkms_$(VERSION)_all.deb
 VERSION      = $(shell sed -n 's/^PACKAGE_VERSION="\(.*\)"/\1/p' driver/dkms.conf)
 # The busybox-initramfs scenarios, then `systemd`: the packages installed in
@@ -76,10 +81,12 @@ test: deps
 	  >$(BUILD)/qemu/rootfs.log 2>&1 </dev/null & \
 	  $(MAKE) --no-print-directory build asan tsan; rc=$$?; \
 	  if [ $$rc -ne 0 ]; then echo "perfq: waiting for the rootfs build to stop"; wait; fi; exit $$rc
-	@rm -f $(QEMU_RESULTS) $(DEB_RESULTS)
+	@rm -f $(QEMU_RESULTS) $(DEB_RESULTS) $(FUZZ_RESULTS)
 	-@scripts/make-deb.sh --results $(DEB_RESULTS) $(BUILD)
 	-@qemu/run-scenarios.py --build $(BUILD) --results $(QEMU_RESULTS) $(QEMU_SCENARIOS) --debs $(DEBS)
-	@scripts/run-tests.sh --results $(DEB_RESULTS) --results $(QEMU_RESULTS) $(BUILD) $(BUILD_ASAN) $(BUILD_TSAN)
+	-@scripts/fuzz.sh --build $(BUILD_FUZZ) --seconds 30 --results $(FUZZ_RESULTS)
+	@scripts/run-tests.sh --results $(DEB_RESULTS) --results $(QEMU_RESULTS) --results $(FUZZ_RESULTS) \
+	  $(BUILD) $(BUILD_ASAN) $(BUILD_TSAN)
 
 qemu-test: build
 	@rm -f $(QEMU_RESULTS) $(DEB_RESULTS)
@@ -101,6 +108,9 @@ device-example: deps
 
 bench: build
 	@scripts/bench.py --build $(BUILD) --out $(BUILD)/bench/results.json
+
+fuzz: deps
+	@scripts/fuzz.sh --build $(BUILD_FUZZ) --runs $(FUZZ_RUNS)
 
 accuracy: build
 	@scripts/accuracy.py --build $(BUILD) --out $(BUILD)/accuracy.json
@@ -127,4 +137,4 @@ format: deps
 	@scripts/format.sh
 
 clean:
-	rm -rf $(BUILD) $(BUILD_ASAN) $(BUILD_TSAN)
+	rm -rf $(BUILD) $(BUILD_ASAN) $(BUILD_TSAN) $(BUILD_FUZZ)

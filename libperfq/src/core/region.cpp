@@ -15,8 +15,6 @@ namespace {
 
 constexpr uint64_t kPage = PERFQ_PAGE_SIZE;
 
-constexpr uint64_t round_up_page(uint64_t v) { return (v + kPage - 1) / kPage * kPage; }
-
 perfq_dev_geometry sdk_geometry(const RegionGeometry& g) {
   perfq_dev_geometry s{};
   s.ring_capacity = g.ring_capacity;

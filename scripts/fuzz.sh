@@ -1,0 +1,92 @@
+#!/usr/bin/env bash
+# The libFuzzer harnesses of tests/fuzz, built in a clang tree and run.
+#   scripts/fuzz.sh [--build DIR] [--seconds N | --runs N] [--results FILE] [NAME...]
+#   NAME: trace, trace_export, region, app_events (default: all of them)
+#   --seconds N  run each fuzzer for N seconds (make test: 30)
+#   --runs N     run each fuzzer for N inputs (make fuzz: 10000000)
+#   --results F  append "PASS fuzz NAME: ..." / "FAIL fuzz NAME: ..." lines
+#   --build DIR  the clang tree (default build-fuzz)
+# Each fuzzer starts from the seeds perfq_fuzz_seeds makes (real traces, a
+# region, an application hello) and from its corpus kept in DIR/corpus/NAME
+# between runs; first it reruns every input in tests/fuzz/regressions/NAME
+# (each crash ever found, kept as a regression test).  A crash leaves its
+# input in DIR/crashes/ and fails the run; copy it into
+# tests/fuzz/regressions/NAME/ once fixed.
+set -uo pipefail
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+BUILD=$ROOT/build-fuzz
+SECONDS_EACH=
+RUNS=
+RESULTS=
+NAMES=()
+while [ $# -gt 0 ]; do
+  case $1 in
+    --build) BUILD=$2; shift 2 ;;
+    --seconds) SECONDS_EACH=$2; shift 2 ;;
+    --runs) RUNS=$2; shift 2 ;;
+    --results) RESULTS=$2; shift 2 ;;
+    -h|--help) sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -*) echo "fuzz.sh: unknown option $1 (see --help)" >&2; exit 2 ;;
+    *) NAMES+=("$1"); shift ;;
+  esac
+done
+[ ${#NAMES[@]} -gt 0 ] || NAMES=(trace trace_export region app_events)
+[ -n "$SECONDS_EACH$RUNS" ] || SECONDS_EACH=30
+for n in "${NAMES[@]}"; do
+  case $n in trace|trace_export|region|app_events) ;; *) echo "fuzz.sh: no fuzzer named '$n' (trace, trace_export, region, app_events)" >&2; exit 2 ;; esac
+done
+result() {
+  echo "fuzz: $1"
+  [ -z "$RESULTS" ] || echo "$1" >>"$RESULTS"
+}
+
+echo "fuzz: building the fuzzers in $BUILD (clang, libFuzzer + ASan + UBSan)"
+mkdir -p "$BUILD"
+if ! { CC=clang CXX=clang++ cmake -S "$ROOT" -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+         -DPERFQ_SANITIZE=fuzzer >"$BUILD/build.log" 2>&1 &&
+       cmake --build "$BUILD" -j "$(nproc)" --target perfq_fuzzers >>"$BUILD/build.log" 2>&1; }; then
+  tail -n 30 "$BUILD/build.log" >&2
+  result "FAIL fuzz build: the fuzzers did not build (log $BUILD/build.log)"
+  exit 1
+fi
+SEEDS=$BUILD/seeds
+rm -rf "$SEEDS"
+"$BUILD/bin/perfq_fuzz_seeds" "$SEEDS" || { result "FAIL fuzz seeds: perfq_fuzz_seeds failed"; exit 1; }
+
+rc=0
+for n in "${NAMES[@]}"; do
+  bin=$BUILD/bin/perfq_fuzz_$n
+  seeds=$SEEDS/$n
+  [ "$n" != trace_export ] || seeds=$SEEDS/trace
+  corpus=$BUILD/corpus/$n
+  crashes=$BUILD/crashes
+  mkdir -p "$corpus" "$crashes"
+  log=$BUILD/fuzz-$n.log
+  # Every crash found so far, first.
+  reg=$ROOT/tests/fuzz/regressions/$n
+  if [ -d "$reg" ] && [ -n "$(ls -A "$reg")" ]; then
+    if ! "$bin" "$reg"/* >"$log" 2>&1; then
+      tail -n 40 "$log" >&2
+      result "FAIL fuzz $n: a regression input crashes again (tests/fuzz/regressions/$n; log $log)"
+      rc=1
+      continue
+    fi
+  fi
+  limit=(-max_total_time="$SECONDS_EACH")
+  [ -z "$RUNS" ] || limit=(-runs="$RUNS")
+  start=$(date +%s)
+  "$bin" "${limit[@]}" -timeout=20 -rss_limit_mb=2048 -max_len=65536 -print_final_stats=1 \
+    -artifact_prefix="$crashes/$n-" "$corpus" "$seeds" >"$log" 2>&1
+  status=$?
+  secs=$(($(date +%s) - start))
+  inputs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$log" | tail -n 1)
+  if [ "$status" -ne 0 ]; then
+    tail -n 40 "$log" >&2
+    art=$(sed -n 's/.*Test unit written to \(.*\)$/\1/p' "$log" | tail -n 1)
+    result "FAIL fuzz $n: exit $status after ${inputs:-?} inputs; input ${art:-not saved} (log $log)"
+    rc=1
+  else
+    result "PASS fuzz $n: ${inputs:-?} inputs in $secs s, corpus $(ls "$corpus" | wc -l) files"
+  fi
+done
+exit $rc
