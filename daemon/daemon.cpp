@@ -101,6 +101,10 @@ std::string Peer::describe() const {
 
 Daemon::Daemon(DaemonConfig config)
     : config_(std::move(config)), started_ns_(now_ns()), apps_(apps_options(config_)) {
+  {
+    std::lock_guard lock(config_mu_);
+    resolve_group();
+  }
   collector_ = std::thread([this] {
     pthread_setname_np(pthread_self(), "pq-collect");
     collector_main();
@@ -121,14 +125,33 @@ DaemonConfig Daemon::config() const {
 
 bool Daemon::privileged(const Peer& p) const {
   if (p.cred.uid == 0 || p.cred.uid == geteuid()) return true;
-  const std::string group = config().group;
-  if (group.empty()) return false;
+  std::optional<gid_t> gid;
+  {
+    std::lock_guard lock(config_mu_);
+    gid = group_gid_;
+  }
+  if (!gid) return false;
+  if (p.cred.gid == *gid) return true;
+  return std::find(p.groups.begin(), p.groups.end(), *gid) != p.groups.end();
+}
+
+void Daemon::resolve_group() {
+  // Under config_mu_.  Looked up here (start, SIGHUP), not per connection:
+  // the accept loop asks privileged() for every connection, and a name
+  // service may be slow.
+  group_gid_.reset();
+  if (config_.group.empty()) return;
   struct group gr {
   }, *found = nullptr;
   std::vector<char> buf(16384);
-  if (getgrnam_r(group.c_str(), &gr, buf.data(), buf.size(), &found) != 0 || !found) return false;
-  if (p.cred.gid == found->gr_gid) return true;
-  return std::find(p.groups.begin(), p.groups.end(), found->gr_gid) != p.groups.end();
+  if (getgrnam_r(config_.group.c_str(), &gr, buf.data(), buf.size(), &found) == 0 && found) {
+    group_gid_ = found->gr_gid;
+    return;
+  }
+  spdlog::info(
+      "group '{}' does not exist: only root and the daemon's user may start and stop recordings "
+      "(looked up again on SIGHUP)",
+      config_.group);
 }
 
 Status Daemon::adopt_app(UniqueFd fd, const json& hello, const Peer& peer) {
@@ -309,6 +332,7 @@ void Daemon::reload(const DaemonConfig& c) {
   const std::string socket = config_.socket;
   config_ = c;
   config_.socket = socket;
+  resolve_group();
   spdlog::info("reloaded the configuration from {}", c.config_file);
 }
 
