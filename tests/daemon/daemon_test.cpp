@@ -5,17 +5,20 @@
 #include <grp.h>
 #include <poll.h>
 #include <pwd.h>
+#include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <catch2/catch.hpp>
 #include <climits>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <iomanip>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <regex>
@@ -739,6 +742,222 @@ TEST_CASE("daemon: the control socket obeys only root and its group, and survive
     auto stop = ctl(d, {"stop", "--json"});
     REQUIRE(stop->exit_code() == 0);
     CHECK(json::parse(stop->out())["complete"] == true);
+  }
+}
+
+// ---- the control socket under abuse -------------------------------------------------------
+
+// A hostile peer: a forked child that, as `uid`, keeps kConns connections to
+// the daemon's socket open (reopening those the daemon closes, up to
+// kReopen a round, a round every 100 ms).  A third of them send a request
+// one byte a round and never its newline, a third send complete requests
+// and never read the replies, a third stay silent.  Its counts are in
+// shared memory; it runs until the destructor kills it.
+class Hostile {
+ public:
+  static constexpr int kConns = 1000;
+  static constexpr int kReopen = 250;
+  struct Counts {
+    std::atomic<uint64_t> opened{0}, closed_by_daemon{0}, open{0}, rounds{0};
+    std::atomic<int> setuid_failed{0};
+  };
+
+  Hostile(const std::string& socket, uid_t uid, gid_t gid) {
+    void* m =
+        mmap(nullptr, sizeof(Counts), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    REQUIRE(m != MAP_FAILED);
+    counts_ = new (m) Counts;
+    sockaddr_un addr{};
+    addr.sun_family = AF_UNIX;
+    std::strncpy(addr.sun_path, socket.c_str(), sizeof(addr.sun_path) - 1);
+    pid_ = ::fork();
+    REQUIRE(pid_ >= 0);
+    if (pid_ == 0) run(addr, uid, gid, *counts_);  // never returns
+  }
+  ~Hostile() {
+    if (pid_ > 0) {
+      ::kill(pid_, SIGKILL);
+      ::waitpid(pid_, nullptr, 0);
+    }
+    munmap(counts_, sizeof(Counts));
+  }
+  const Counts& counts() const { return *counts_; }
+
+ private:
+  // The child: system calls only (no allocation after the fork).
+  [[noreturn]] static void run(const sockaddr_un& addr, uid_t uid, gid_t gid, Counts& c) {
+    if (::setgroups(0, nullptr) != 0 || ::setgid(gid) != 0 || ::setuid(uid) != 0) {
+      c.setuid_failed = 1;
+      _exit(1);
+    }
+    static int fds[kConns];
+    static pollfd pfds[kConns];
+    for (int& fd : fds) fd = -1;
+    static const char kRequest[] = "{\"cmd\":\"status\"}\n";
+    while (true) {
+      int reopened = 0;
+      for (int& fd : fds) {
+        if (fd >= 0 || reopened >= kReopen) continue;
+        fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+        if (::connect(fd, reinterpret_cast<const sockaddr*>(&addr), sizeof(addr)) != 0) {
+          ::close(fd);  // the backlog is full: next round
+          fd = -1;
+          continue;
+        }
+        ++reopened;
+        ++c.opened;
+      }
+      for (int i = 0; i < kConns; ++i) pfds[i] = {fds[i], POLLRDHUP, 0};
+      ::poll(pfds, kConns, 0);
+      uint64_t open = 0;
+      for (int i = 0; i < kConns; ++i) {
+        if (fds[i] < 0) continue;
+        if (pfds[i].revents & (POLLRDHUP | POLLHUP | POLLERR)) {
+          ::close(fds[i]);
+          fds[i] = -1;
+          ++c.closed_by_daemon;
+          continue;
+        }
+        ++open;
+        if (i % 3 == 0) ::send(fds[i], "{", 1, MSG_DONTWAIT | MSG_NOSIGNAL);
+        if (i % 3 == 1) ::send(fds[i], kRequest, sizeof(kRequest) - 1, MSG_DONTWAIT | MSG_NOSIGNAL);
+      }
+      c.open = open;
+      ++c.rounds;
+      ::usleep(100'000);
+    }
+  }
+
+  pid_t pid_ = -1;
+  Counts* counts_ = nullptr;
+};
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+std::string figures(const std::vector<double>& v) {
+  std::ostringstream s;
+  for (double x : v) s << (s.tellp() ? " " : "") << std::fixed << std::setprecision(1) << x;
+  return s.str();
+}
+
+TEST_CASE("daemon: 1000 hostile connections keep neither root's stop nor another user out",
+          "[daemon][process][socket][abuse]") {
+  if (geteuid() != 0) {
+    WARN("needs root to act as a second, unprivileged user (uid 65534): skipped");
+    return;
+  }
+  TempDir dir("daemon-abuse");
+  ::chmod(dir.file("").c_str(), 0755);  // uid 65534 reaches the socket
+  Daemon d(dir);
+  Hostile hostile(d.socket, 65534, 65534);
+  // Every hostile connection has been opened, and the churn goes on.
+  REQUIRE(hostile.counts().setuid_failed == 0);
+  REQUIRE(wait_for([&] { return hostile.counts().opened >= Hostile::kConns; },
+                   std::chrono::seconds(30)));
+  const uint64_t rounds = hostile.counts().rounds;
+  REQUIRE(
+      wait_for([&] { return hostile.counts().rounds >= rounds + 3; }, std::chrono::seconds(10)));
+
+  // Root starts and stops a recording, again and again, through
+  // perfqctl (the whole command) and a raw connection (the request alone).
+  using Clock = std::chrono::steady_clock;
+  auto ms_since = [](Clock::time_point t0) {
+    return std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+  };
+  std::vector<double> ctl_ms, raw_ms;
+  for (int i = 0; i < 7; ++i) {
+    const std::string trace = dir.file("abuse" + std::to_string(i));
+    auto start = ctl(d, {"start", "-o", trace + "a.trace"});
+    INFO("start: " << start->err());
+    REQUIRE(start->exit_code() == 0);
+    auto t0 = Clock::now();
+    auto stop = ctl(d, {"stop"});
+    ctl_ms.push_back(ms_since(t0));
+    INFO("stop: " << stop->err());
+    REQUIRE(stop->exit_code() == 0);
+
+    REQUIRE(ctl(d, {"start", "-o", trace + "b.trace"})->exit_code() == 0);
+    t0 = Clock::now();
+    Conn c(d.socket);
+    REQUIRE(c.ok());
+    const json r = c.request(json{{"cmd", "stop"}});
+    raw_ms.push_back(ms_since(t0));
+    INFO("raw stop: " << r.dump());
+    REQUIRE(r.value("ok", false));
+  }
+  // The daemon held the hostile uid to its share and refused the rest.
+  Conn c(d.socket);
+  const json s = c.request(json{{"cmd", "status"}});
+  REQUIRE(s.is_object());
+  const json control = s["daemon"]["control"];
+  INFO(control.dump());
+  CHECK(control["unprivileged"].get<int>() <= 16);
+  CHECK(control["most_of_one_uid"].get<int>() <= 16);
+  CHECK(control["refused"].get<uint64_t>() > 0);
+  WARN("with " << Hostile::kConns << " hostile connections (uid 65534: " << hostile.counts().opened
+               << " opened, " << hostile.counts().closed_by_daemon << " closed by the daemon, "
+               << hostile.counts().open << " open now; daemon: " << control.dump()
+               << "): root's `perfqctl stop` took " << figures(ctl_ms) << " ms (median "
+               << median(ctl_ms) << "), a raw stop request " << figures(raw_ms) << " ms (median "
+               << median(raw_ms) << ")");
+  CHECK(median(ctl_ms) < 100);
+  CHECK(median(raw_ms) < 100);
+
+  // Another unprivileged user is not locked out by the first one.
+  TestUser user;
+  if (user.ok) {
+    auto status = ctl(d, {"status"}, user.as_user(false));
+    INFO(status->err());
+    CHECK(status->exit_code() == 0);
+  }
+}
+
+TEST_CASE("daemon: a request must be whole within 2 s and a client must read its replies",
+          "[daemon][process][socket][abuse]") {
+  TempDir dir("daemon-deadline");
+  Daemon d(dir);
+  using Clock = std::chrono::steady_clock;
+
+  SECTION("a request sent a byte at a time without its newline is cut off") {
+    Conn c(d.socket);
+    REQUIRE(c.ok());
+    const auto t0 = Clock::now();
+    REQUIRE(c.send_raw("{\"cmd\":"));
+    // Still trickling: bytes every 300 ms do not extend the deadline.
+    std::atomic<bool> done{false};
+    std::thread trickle([&] {
+      for (int i = 0; i < 30 && !done; ++i) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(300));
+        c.send_raw(" ");
+      }
+    });
+    const std::string l = c.line();
+    const double s = std::chrono::duration<double>(Clock::now() - t0).count();
+    const std::string eof = c.line();
+    done = true;
+    trickle.join();
+    INFO(l << " after " << s << " s");
+    CHECK(l.find("not finished") != std::string::npos);
+    CHECK(s >= 1.9);
+    CHECK(s < 6);
+    CHECK(eof.empty());  // and the connection is closed
+  }
+  SECTION("a client that sends requests and never reads the replies is closed") {
+    Conn c(d.socket);
+    REQUIRE(c.ok());
+    std::string many;
+    for (int i = 0; i < 5000; ++i) many += "{\"cmd\":\"status\"}\n";
+    REQUIRE(c.send_raw(many));
+    CHECK(wait_for(
+        [&] { return d.proc->err().find("does not read its replies") != std::string::npos; },
+        std::chrono::seconds(15)));
+    // What it does read ends well before 5000 replies.
+    int replies = 0;
+    while (!c.line().empty()) ++replies;
+    CHECK(replies < 5000);
   }
 }
 
