@@ -226,7 +226,11 @@ void ControlServer::serve(UniqueFd conn, const Peer& peer) {
                                   " bytes; closing the connection"));
       return;
     }
-    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
+    if (line.find_first_not_of(" \t\r") == std::string::npos) {
+      if (!send_line(conn.get(), error("empty request: expected one JSON object per line"))) return;
+      first = false;
+      continue;
+    }
     json req = json::parse(line, nullptr, false);
     if (req.is_discarded() || !req.is_object()) {
       if (!send_line(conn.get(), error("malformed request: expected one JSON object per line")))

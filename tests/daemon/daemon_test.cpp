@@ -959,6 +959,14 @@ TEST_CASE("daemon: a request must be whole within 2 s and a client must read its
     while (!c.line().empty()) ++replies;
     CHECK(replies < 5000);
   }
+  SECTION("an empty line gets an error, not silence") {
+    Conn c(d.socket);
+    REQUIRE(c.ok());
+    REQUIRE(c.send_raw("\n"));
+    const json r = json::parse(c.line(), nullptr, false);
+    CHECK(r.value("ok", true) == false);
+    CHECK(r.value("error", "").find("empty request") != std::string::npos);
+  }
 }
 
 TEST_CASE("daemon: SIGTERM during a recording leaves a complete, readable trace",
