@@ -969,6 +969,45 @@ TEST_CASE("daemon: a request must be whole within 2 s and a client must read its
   }
 }
 
+TEST_CASE("daemon: a request field of the wrong type is named with the type it must have",
+          "[daemon][process][socket]") {
+  TempDir dir("daemon-types");
+  Daemon d(dir);
+  Conn c(d.socket);
+  REQUIRE(c.ok());
+  const std::string out = dir.file("t.trace");
+  auto error_of = [&](const json& req) {
+    const json r = c.request(req);
+    if (!r.is_object() || r.value("ok", true)) return "(not an error: " + r.dump() + ")";
+    return r.value("error", std::string("(no error text)"));
+  };
+  struct Case {
+    json req;
+    std::vector<std::string> says;
+  };
+  const std::vector<Case> cases = {
+      {{{"cmd", "start"}, {"output", out}, {"duration_s", "10"}}, {"duration_s", "number"}},
+      {{{"cmd", "start"}, {"output", out}, {"devices", json::array({1, 2})}},
+       {"devices", "string"}},
+      {{{"cmd", "start"}, {"output", out}, {"devices", "shm:/x"}}, {"devices", "array"}},
+      {{{"cmd", "start"}, {"output", out}, {"sync_interval_ms", -5}},
+       {"sync_interval_ms", "unsigned integer"}},
+      {{{"cmd", "start"}, {"output", out}, {"sync_mode", 1}}, {"sync_mode", "string"}},
+      {{{"cmd", "devices"}, {"all", "yes"}}, {"all", "boolean"}},
+      // An embedded NUL would cut the path short: refused, not truncated.
+      {{{"cmd", "start"}, {"output", out + std::string(1, '\0') + "x"}}, {"output", "NUL"}},
+  };
+  for (const auto& k : cases) {
+    const std::string e = error_of(k.req);
+    INFO(k.req.dump() << " -> " << e);
+    for (const auto& w : k.says) CHECK(e.find(w) != std::string::npos);
+    CHECK(e.find("json.exception") == std::string::npos);
+  }
+  CHECK(access(out.c_str(), F_OK) != 0);
+  const json s = c.request(json{{"cmd", "status"}});
+  CHECK(s["recording"].is_null());
+}
+
 TEST_CASE("daemon: SIGTERM during a recording leaves a complete, readable trace",
           "[daemon][process]") {
   TempDir dir("daemon-term");
