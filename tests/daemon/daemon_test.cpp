@@ -1446,6 +1446,12 @@ TEST_CASE("daemon: SIGHUP reloads the config file", "[daemon][process]") {
   }
   proc.signal(SIGHUP);
   CHECK(wait_for([&] { return devices().size() == 2; }, std::chrono::seconds(10)));
+  // The log names the file read, not the default one.
+  CHECK(wait_for(
+      [&] {
+        return proc.err().find("reloaded the configuration from " + conf) != std::string::npos;
+      },
+      std::chrono::seconds(10)));
   // A broken file is refused; the daemon keeps its settings and runs on.
   {
     std::ofstream f(conf);
