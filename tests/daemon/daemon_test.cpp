@@ -1008,6 +1008,60 @@ TEST_CASE("daemon: a request field of the wrong type is named with the type it m
   CHECK(s["recording"].is_null());
 }
 
+// A tmpfs of `size` mounted on a folder of `dir` (root only), unmounted at
+// the end; ok() is false where mounting is not permitted.
+class SmallDisk {
+ public:
+  SmallDisk(const TempDir& dir, const std::string& size) : path_(dir.file("small")) {
+    std::filesystem::create_directory(path_);
+    ok_ = geteuid() == 0 &&
+          sh("mount -t tmpfs -o size=" + size + " perfq-test-full " + path_ + " 2>/dev/null") == 0;
+  }
+  ~SmallDisk() {
+    if (ok_) sh("umount " + path_);
+  }
+  bool ok() const { return ok_; }
+  std::string file(const std::string& name) const { return path_ + "/" + name; }
+  // Fills what is left with a file of zeros.
+  void fill(const std::string& name) const {
+    sh("dd if=/dev/zero of=" + file(name) + " bs=4k 2>/dev/null");
+  }
+
+ private:
+  std::string path_;
+  bool ok_ = false;
+};
+
+TEST_CASE("daemon: a full disk: status says why and a refused start leaves no file behind",
+          "[daemon][process][disk]") {
+  TempDir dir("daemon-full");
+  SmallDisk disk(dir, "1m");
+  if (!disk.ok()) {
+    WARN("needs root and permission to mount a tmpfs (mount -t tmpfs): skipped");
+    return;
+  }
+  TempShm shm("daemon-full");
+  Child dev({kBin + "/perfq-devsim", "--region", shm.path(), "--create", "--workers", "2", "--rate",
+             "50000", "--job-workers", "0"});
+  REQUIRE(
+      wait_for([&] { return access(shm.path().c_str(), F_OK) == 0; }, std::chrono::seconds(10)));
+  Daemon d(dir, {"--device", "shm:" + shm.path(), "--compress", "false"});
+
+  SECTION("the disk fills during a recording: the text status shows the writer's error") {
+    sh("dd if=/dev/zero of=" + disk.file("filler") + " bs=1k count=896 2>/dev/null");
+    REQUIRE(ctl(d, {"start", "-o", disk.file("full.trace")})->exit_code() == 0);
+    std::string text;
+    CHECK(wait_for(
+        [&] {
+          text = ctl(d, {"status"})->out();
+          return text.find("No space left on device") != std::string::npos;
+        },
+        std::chrono::seconds(30)));
+    INFO(text);
+    CHECK(text.find("error:") != std::string::npos);
+  }
+}
+
 TEST_CASE("daemon: SIGTERM during a recording leaves a complete, readable trace",
           "[daemon][process]") {
   TempDir dir("daemon-term");
