@@ -1060,6 +1060,19 @@ TEST_CASE("daemon: a full disk: status says why and a refused start leaves no fi
     INFO(text);
     CHECK(text.find("error:") != std::string::npos);
   }
+  SECTION("a start on a full disk is refused and leaves no empty file") {
+    disk.fill("filler");
+    auto start = ctl(d, {"start", "-o", disk.file("none.trace")});
+    INFO(start->err());
+    CHECK(start->exit_code() == 1);
+    CHECK(start->err().find("No space left on device") != std::string::npos);
+    CHECK(access(disk.file("none.trace").c_str(), F_OK) != 0);
+    // A file that was there before (empty: truncating it frees no room) is
+    // the user's: not removed.
+    { std::ofstream theirs(disk.file("theirs.trace")); }
+    CHECK(ctl(d, {"start", "-o", disk.file("theirs.trace")})->exit_code() == 1);
+    CHECK(access(disk.file("theirs.trace").c_str(), F_OK) == 0);
+  }
 }
 
 TEST_CASE("daemon: SIGTERM during a recording leaves a complete, readable trace",
