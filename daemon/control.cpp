@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include <spdlog/spdlog.h>
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cstring>
@@ -23,12 +24,14 @@ using nlohmann::json;
 
 namespace {
 
-// A control client silent this long is hung up on.
-constexpr int kIdleTimeoutMs = 60'000;
-
-// One reply line (app/json_lines.h); false when the client is gone.
-bool send_line(int fd, const json& j) {
-  return perfq::send_line(fd, j.dump(-1, ' ', false, json::error_handler_t::replace)).is_ok();
+// One reply line (app/json_lines.h), taken by the client within
+// timeout_ms; false when the client is gone or does not read.
+bool send_line(int fd, const json& j, int timeout_ms = kReplyDeadlineMs) {
+  const Status s =
+      perfq::send_line(fd, j.dump(-1, ' ', false, json::error_handler_t::replace), -1, timeout_ms);
+  if (s.code() == Errc::kTimeout)
+    spdlog::debug("control: closing a connection that does not read its replies ({})", s.message());
+  return s.is_ok();
 }
 
 json error(const std::string& msg) { return {{"ok", false}, {"error", msg}}; }
@@ -67,7 +70,7 @@ Result<std::unique_ptr<ControlServer>> ControlServer::listen(const std::string& 
     std::filesystem::create_directories(dir, ec);
     if (ec) return Status(Errc::kIo, "cannot create " + dir.string() + ": " + ec.message());
   }
-  UniqueFd fd(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  UniqueFd fd(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
   if (!fd.valid()) return Status::from_errno("socket");
   // Is a daemon already there?
   struct stat st {};
@@ -84,7 +87,7 @@ Result<std::unique_ptr<ControlServer>> ControlServer::listen(const std::string& 
   // Anyone may connect (status, applications); start/stop are checked per
   // request with SO_PEERCRED.
   ::chmod(path.c_str(), 0666);
-  if (::listen(fd.get(), 64) != 0) return Status::from_errno("listen " + path);
+  if (::listen(fd.get(), 128) != 0) return Status::from_errno("listen " + path);
   return std::unique_ptr<ControlServer>(new ControlServer(path, std::move(fd), daemon));
 }
 
@@ -101,30 +104,85 @@ void ControlServer::close() {
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
 }
 
-void ControlServer::accept_one() {
-  UniqueFd conn(::accept4(listen_fd_.get(), nullptr, nullptr, SOCK_CLOEXEC));
-  if (!conn.valid()) {
-    if (errno != EAGAIN && errno != EINTR && errno != ECONNABORTED)
-      spdlog::warn("accept: {}", std::strerror(errno));
-    return;
+std::string ControlServer::take_slot(const Peer& peer, bool privileged) {
+  std::lock_guard lock(slots_mu_);
+  std::string why;
+  if (privileged) {
+    // Whatever the others hold, kReservedPrivileged slots are left.
+    if (privileged_ + unprivileged_ >= kMaxUnprivileged + kReservedPrivileged)
+      why = "too many connections (" + std::to_string(kMaxUnprivileged + kReservedPrivileged) +
+            "); try again";
+  } else if (per_uid_[peer.cred.uid] >= kMaxPerUid) {
+    why = "too many connections from uid " + std::to_string(peer.cred.uid) + " (at most " +
+          std::to_string(kMaxPerUid) + "); try again";
+  } else if (unprivileged_ >= kMaxUnprivileged) {
+    why = "too many connections (" + std::to_string(kMaxUnprivileged) +
+          " from users not in the daemon's group); try again";
   }
-  if (active_.load() >= kMaxConnections) {
-    send_line(conn.get(),
-              error("too many connections (" + std::to_string(kMaxConnections) + "); try again"));
-    return;
+  if (why.empty()) {
+    ++(privileged ? privileged_ : unprivileged_);
+    if (!privileged) ++per_uid_[peer.cred.uid];
+    return why;
   }
-  ++active_;
-  std::thread([this, c = std::move(conn)]() mutable {
-    pthread_setname_np(pthread_self(), "pq-control");
-    serve(std::move(c));
-    --active_;
-  }).detach();
+  if (per_uid_[peer.cred.uid] == 0) per_uid_.erase(peer.cred.uid);
+  ++refused_;
+  // One line per burst, not per connection: a flood must not flood the log.
+  const int64_t now = now_ns();
+  if (now - refused_log_ns_ >= 10'000'000'000) {
+    spdlog::warn("control: refused {} connection(s) over the limits (latest: {}: {})",
+                 refused_ - refused_logged_, peer.describe(), why);
+    refused_logged_ = refused_;
+    refused_log_ns_ = now;
+  }
+  return why;
 }
 
-void ControlServer::serve(UniqueFd conn) {
-  const Peer peer = peer_of(conn.get());
+void ControlServer::release_slot(const Peer& peer, bool privileged) {
+  std::lock_guard lock(slots_mu_);
+  --(privileged ? privileged_ : unprivileged_);
+  if (!privileged && --per_uid_[peer.cred.uid] <= 0) per_uid_.erase(peer.cred.uid);
+}
+
+json ControlServer::stats() const {
+  std::lock_guard lock(slots_mu_);
+  int most = 0;
+  for (const auto& [uid, n] : per_uid_) most = std::max(most, n);
+  return {{"privileged", privileged_},
+          {"unprivileged", unprivileged_},
+          {"most_of_one_uid", most},
+          {"refused", refused_}};
+}
+
+void ControlServer::accept_one() {
+  // The listening socket is non-blocking: take what is pending (a bounded
+  // batch, so that signals and tick() still run under a flood).
+  for (int i = 0; i < 256; ++i) {
+    UniqueFd conn(::accept4(listen_fd_.get(), nullptr, nullptr, SOCK_CLOEXEC));
+    if (!conn.valid()) {
+      if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR && errno != ECONNABORTED)
+        spdlog::warn("accept: {}", std::strerror(errno));
+      return;
+    }
+    const Peer peer = peer_of(conn.get());
+    const bool privileged = daemon_.privileged(peer);
+    if (std::string why = take_slot(peer, privileged); !why.empty()) {
+      send_line(conn.get(), error(why), 0);  // only if it fits now; then closed
+      continue;
+    }
+    ++active_;
+    std::thread([this, c = std::move(conn), peer, privileged]() mutable {
+      pthread_setname_np(pthread_self(), "pq-control");
+      serve(std::move(c), peer);
+      release_slot(peer, privileged);
+      --active_;
+    }).detach();
+  }
+}
+
+void ControlServer::serve(UniqueFd conn, const Peer& peer) {
   perfq::LineBuffer buf(kMaxRequestBytes);
   bool first = true;
+  int64_t request_ns = 0;  // when the first byte of the pending request came (0: none)
   while (!closing_) {
     // One line at a time.
     std::optional<std::string> next;
@@ -135,23 +193,44 @@ void ControlServer::serve(UniqueFd conn) {
         spdlog::warn("{}: request over {} bytes refused", peer.describe(), kMaxRequestBytes);
         return;
       }
+      if (buf.empty()) request_ns = 0;
+      int timeout_ms = kIdleTimeoutMs;
+      if (request_ns != 0) {
+        timeout_ms = static_cast<int>(
+            std::max<int64_t>(0, kRequestDeadlineMs - (now_ns() - request_ns) / 1'000'000));
+        if (timeout_ms == 0) {
+          send_line(conn.get(), error("request not finished (no newline) within " +
+                                      std::to_string(kRequestDeadlineMs) +
+                                      " ms of its first byte; closing the connection"));
+          spdlog::debug("control: {}: request not finished in time; closed", peer.describe());
+          return;
+        }
+      }
       pollfd pfd{conn.get(), POLLIN, 0};
-      const int pr = ::poll(&pfd, 1, kIdleTimeoutMs);
-      if (pr == 0) return;  // idle client
+      const int pr = ::poll(&pfd, 1, timeout_ms);
+      if (pr == 0 && request_ns == 0) return;  // idle client
+      if (pr == 0) continue;                   // the request's deadline: answered above
       if (pr < 0) {
         if (errno == EINTR) continue;
         return;
       }
       const long n = perfq::recv_chunk(conn.get(), buf, nullptr);  // passed fds are closed
       if (n <= 0) return;                                          // hung up
+      if (request_ns == 0) request_ns = now_ns();
     }
+    // What follows the line (pipelined requests) arrived by now.
+    request_ns = buf.empty() ? 0 : now_ns();
     const std::string line = std::move(*next);
     if (line.size() > kMaxRequestBytes) {
       send_line(conn.get(), error("request longer than " + std::to_string(kMaxRequestBytes) +
                                   " bytes; closing the connection"));
       return;
     }
-    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
+    if (line.find_first_not_of(" \t\r") == std::string::npos) {
+      if (!send_line(conn.get(), error("empty request: expected one JSON object per line"))) return;
+      first = false;
+      continue;
+    }
     json req = json::parse(line, nullptr, false);
     if (req.is_discarded() || !req.is_object()) {
       if (!send_line(conn.get(), error("malformed request: expected one JSON object per line")))
@@ -175,7 +254,8 @@ void ControlServer::serve(UniqueFd conn) {
     }
     first = false;
     auto progress = [&](const json& p) { send_line(conn.get(), json{{"progress", p}}); };
-    const json reply = daemon_.handle(req, peer, progress);
+    json reply = daemon_.handle(req, peer, progress);
+    if (req["cmd"] == "status" && reply.value("ok", false)) reply["daemon"]["control"] = stats();
     if (!send_line(conn.get(), reply)) return;
   }
 }

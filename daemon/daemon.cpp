@@ -62,27 +62,59 @@ std::string parse_kernel_request(const json& req, KernelEventOptions& k) {
   return {};
 }
 
+// A request's field `key` of the JSON type `want` ("string", "number",
+// "unsigned integer", "boolean"), if present: what is wrong with it, or "".
+// Requests are read with this, never with json's get<>(), whose type
+// errors name no field.
+std::string check_field(const json& req, const char* key, const char* want) {
+  if (!req.contains(key)) return {};
+  const json& v = req[key];
+  const std::string w = want;
+  const bool ok = w == "string"             ? v.is_string()
+                  : w == "number"           ? v.is_number()
+                  : w == "unsigned integer" ? v.is_number_unsigned()
+                  : w == "boolean"          ? v.is_boolean()
+                                            : false;
+  if (ok) return {};
+  return std::string(key) + " must be a " + want + ", not " + v.type_name() + " " +
+         v.dump(-1, ' ', false, json::error_handler_t::replace);
+}
+
 // A start request into `o` (the config's settings where it says nothing);
 // what is wrong with it, or "".
 std::string parse_start(const json& req, const DaemonConfig& c, RecordingOptions& o) {
   if (!req.contains("output") || !req["output"].is_string())
     return std::string("\"output\" (the trace file's absolute path) is required");
   o.output = req["output"].get<std::string>();
+  if (o.output.find('\0') != std::string::npos)
+    return std::string("output must not contain a NUL byte (a path ends at the first one)");
   if (o.output.empty() || o.output[0] != '/')
     return std::string("output '" + o.output + "' must be an absolute path");
   if (req.contains("devices")) {
-    for (const auto& d : req.at("devices")) o.devices.push_back(d.get<std::string>());
+    if (!req["devices"].is_array())
+      return "devices must be an array of strings (shm:PATH or /dev/perfqN), not " +
+             std::string(req["devices"].type_name());
+    for (const auto& d : req["devices"]) {
+      if (!d.is_string())
+        return "devices: " + d.dump() + " is a " + d.type_name() +
+               ", not a string (shm:PATH or /dev/perfqN)";
+      o.devices.push_back(d.get<std::string>());
+    }
   } else {
     o.devices = c.devices;
   }
-  o.sync_interval_ms = req.value("sync_interval_ms", c.sync_interval_ms);
-  if (o.sync_interval_ms < 1 || o.sync_interval_ms > 60000)
-    return "sync_interval_ms must be within 1..60000";
+  for (const auto& [key, want] : {std::pair{"sync_interval_ms", "unsigned integer"},
+                                  {"sync_mode", "string"},
+                                  {"duration_s", "number"}})
+    if (std::string e = check_field(req, key, want); !e.empty()) return e;
+  const uint64_t interval = req.value("sync_interval_ms", uint64_t{c.sync_interval_ms});
+  if (interval < 1 || interval > 60000) return "sync_interval_ms must be within 1..60000";
+  o.sync_interval_ms = static_cast<unsigned>(interval);
   const std::string mode = req.value("sync_mode", c.sync_mode);
   if (mode != "a" && mode != "b") return std::string("sync_mode must be \"a\" or \"b\"");
   o.sync_mode = mode == "b" ? PERFQ_SYNC_MODE_B : PERFQ_SYNC_MODE_A;
   o.duration_s = req.value("duration_s", 0.0);
-  if (o.duration_s < 0 || o.duration_s > 1e7) return "bad duration_s";
+  if (o.duration_s < 0 || o.duration_s > 1e7) return "duration_s must be within 0..1e7 seconds";
   return parse_kernel_request(req, o.kernel);
 }
 
@@ -101,6 +133,10 @@ std::string Peer::describe() const {
 
 Daemon::Daemon(DaemonConfig config)
     : config_(std::move(config)), started_ns_(now_ns()), apps_(apps_options(config_)) {
+  {
+    std::lock_guard lock(config_mu_);
+    resolve_group();
+  }
   collector_ = std::thread([this] {
     pthread_setname_np(pthread_self(), "pq-collect");
     collector_main();
@@ -121,14 +157,33 @@ DaemonConfig Daemon::config() const {
 
 bool Daemon::privileged(const Peer& p) const {
   if (p.cred.uid == 0 || p.cred.uid == geteuid()) return true;
-  const std::string group = config().group;
-  if (group.empty()) return false;
+  std::optional<gid_t> gid;
+  {
+    std::lock_guard lock(config_mu_);
+    gid = group_gid_;
+  }
+  if (!gid) return false;
+  if (p.cred.gid == *gid) return true;
+  return std::find(p.groups.begin(), p.groups.end(), *gid) != p.groups.end();
+}
+
+void Daemon::resolve_group() {
+  // Under config_mu_.  Looked up here (start, SIGHUP), not per connection:
+  // the accept loop asks privileged() for every connection, and a name
+  // service may be slow.
+  group_gid_.reset();
+  if (config_.group.empty()) return;
   struct group gr {
   }, *found = nullptr;
   std::vector<char> buf(16384);
-  if (getgrnam_r(group.c_str(), &gr, buf.data(), buf.size(), &found) != 0 || !found) return false;
-  if (p.cred.gid == found->gr_gid) return true;
-  return std::find(p.groups.begin(), p.groups.end(), found->gr_gid) != p.groups.end();
+  if (getgrnam_r(config_.group.c_str(), &gr, buf.data(), buf.size(), &found) == 0 && found) {
+    group_gid_ = found->gr_gid;
+    return;
+  }
+  spdlog::info(
+      "group '{}' does not exist: only root and the daemon's user may start and stop recordings "
+      "(looked up again on SIGHUP)",
+      config_.group);
 }
 
 Status Daemon::adopt_app(UniqueFd fd, const json& hello, const Peer& peer) {
@@ -154,7 +209,11 @@ json Daemon::handle(const json& req, const Peer& peer,
   const std::string cmd = req.value("cmd", "");
   try {
     if (cmd == "status") return status();
-    if (cmd == "devices") return devices(req.value("all", false));
+    if (cmd == "devices") {
+      if (std::string e = check_field(req, "all", "boolean"); !e.empty())
+        return error("devices: " + e);
+      return devices(req.value("all", false));
+    }
     if (cmd == "start" || cmd == "stop") {
       if (!privileged(peer)) {
         spdlog::warn("refused {} from {}: not root nor in group {}", cmd, peer.describe(),
@@ -309,6 +368,7 @@ void Daemon::reload(const DaemonConfig& c) {
   const std::string socket = config_.socket;
   config_ = c;
   config_.socket = socket;
+  resolve_group();
   spdlog::info("reloaded the configuration from {}", c.config_file);
 }
 

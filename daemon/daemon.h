@@ -13,6 +13,7 @@
 #include <memory>
 #include <mutex>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <thread>
 
@@ -53,6 +54,8 @@ class Daemon {
   // What `perfqctl status` prints, also served as Prometheus metrics
   // (metrics.h); any thread.
   nlohmann::json status() const;
+  // Root, the daemon's own user, or a member of the configured group (its
+  // gid is looked up at start and on SIGHUP); any thread, cheap.
   bool privileged(const Peer& p) const;
 
  private:
@@ -67,8 +70,11 @@ class Daemon {
   // call, so every host record stored before it has reached the recording.
   void collector_sync();
 
+  void resolve_group();
+
   mutable std::mutex config_mu_;
   DaemonConfig config_;
+  std::optional<gid_t> group_gid_;  // config_.group's, under config_mu_
   const int64_t started_ns_;
 
   perfq::HostApps apps_;

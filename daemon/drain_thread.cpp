@@ -96,9 +96,17 @@ json DeviceDrainThread::status() const {
                        {"records", a.received},
                        {"bytes", a.received * sizeof(perfq_record)},
                        {"lost", stream_lost(a)}});
+  // Records in the shared queue now: the device's tail less the head the
+  // drain published, both read now (a head remembered at the last poll is
+  // stale: the device refills what a poll frees, and such a head showed
+  // fills above the capacity).  The tail first: the
+  // device writes at most capacity past the head it saw, and the head only
+  // grows, so tail - head <= capacity unless the device broke the protocol
+  // (which the drain reports as corruption); clamped, as "full".
   const Region& region = dev_.region();
   const uint64_t tail = load_acquire(&region.host_ctrl()->tail_mirror);
-  const uint64_t fill = tail >= consumed_ ? tail - consumed_ : 0;
+  const uint64_t head = load_acquire(&region.host_ctrl()->head);
+  const uint64_t fill = std::min(tail >= head ? tail - head : 0, region.ring_capacity());
   const double secs = std::max(1e-9, static_cast<double>(now_ns() - started_ns_) / 1e9);
   json j = {{"source", source_},
             {"device", dev_.spec()},
@@ -202,7 +210,6 @@ void DeviceDrainThread::show_counts(const DeviceDrain& drain, size_t read) {
   lost_ = dropped_no_clock_;
   for (const auto& [id, a] : accounts_) lost_ += stream_lost(a);
   invalid_ = drain.invalid();
-  consumed_ = drain.consumed();
   before_start_shown_ = before_start_;
   unconverted_ = conv_.waiting();
 }

@@ -89,7 +89,7 @@ class DeviceDrainThread {
   std::string state_ = "starting";
   std::string error_;
   std::map<uint16_t, perfq::StreamAccount> accounts_;
-  uint64_t records_ = 0, lost_ = 0, invalid_ = 0, consumed_ = 0, unconverted_ = 0;
+  uint64_t records_ = 0, lost_ = 0, invalid_ = 0, unconverted_ = 0;
   // Records of the device from before the recording's start: the backlog
   // skipped at the start, and those stamped before it that came later.
   // Not in the trace and not losses.

@@ -41,6 +41,9 @@ std::string parse(int argc, char** argv, DaemonConfig& c, bool* exit_now, int* e
   } catch (const CLI::ParseError& e) {
     return e.what();
   }
+  // The file actually read (set_config keeps only its default in c).
+  if (const CLI::Option* conf = app.get_config_ptr(); conf && conf->count() > 0)
+    c.config_file = conf->as<std::string>();
   return validate_config(c);
 }
 

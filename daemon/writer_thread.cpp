@@ -8,6 +8,13 @@
 // stop time).  A write error ends the recording: the file keeps what was
 // written before.  The file is created with the requesting user's
 // file-system identity.
+//
+// What a kill -9 loses (docs/trace-format.md): records the merge still
+// holds (it releases a record once every input has passed its time, about
+// --device-latency-ms after it), and at most kFlushNs of what it released:
+// a partial chunk is written when kFlushNs passed since the last, or when
+// the merge has nothing left (before an idle wait), not only when
+// records_per_chunk are pending (16384 records: 8 s at 2 000 records/s).
 #include <sys/fsuid.h>
 #include <unistd.h>
 
@@ -21,7 +28,8 @@ using namespace perfq;
 
 namespace {
 
-constexpr size_t kWriteBatch = 65536;  // records the writer takes from the merger at a time
+constexpr size_t kWriteBatch = 65536;      // records the writer takes from the merger at a time
+constexpr int64_t kFlushNs = 100'000'000;  // released records reach the file within this
 
 // Open (create) the trace file with the requesting user's file-system
 // identity, so that a root daemon never writes where that user may not.
@@ -91,6 +99,7 @@ void Recording::writer_main() {
     }
     write_failed_ = true;
   };
+  int64_t flushed_ns = now_ns();
   auto write = [&](bool all) {
     out.clear();
     if (all)
@@ -100,6 +109,11 @@ void Recording::writer_main() {
     if (write_failed_) return;  // keep the merger empty; nothing more can be written
     Status s = write_side_queue();
     if (s && !out.empty()) s = writer_->append_records(out);
+    const int64_t now = now_ns();
+    if (s && (now - flushed_ns >= kFlushNs || merger_.pending_approx() == 0)) {
+      s = writer_->flush();  // a partial chunk (nothing when none is pending)
+      flushed_ns = now;
+    }
     if (!s) return fail(s);
     std::lock_guard lock(stats_mu_);
     records_written_ = writer_->records_written();

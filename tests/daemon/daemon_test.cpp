@@ -5,17 +5,20 @@
 #include <grp.h>
 #include <poll.h>
 #include <pwd.h>
+#include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <catch2/catch.hpp>
 #include <climits>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <iomanip>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <regex>
@@ -742,6 +745,336 @@ TEST_CASE("daemon: the control socket obeys only root and its group, and survive
   }
 }
 
+// ---- the control socket under abuse -------------------------------------------------------
+
+// A hostile peer: a forked child that, as `uid`, keeps kConns connections to
+// the daemon's socket open (reopening those the daemon closes, up to
+// kReopen a round, a round every 100 ms).  A third of them send a request
+// one byte a round and never its newline, a third send complete requests
+// and never read the replies, a third stay silent.  Its counts are in
+// shared memory; it runs until the destructor kills it.
+class Hostile {
+ public:
+  static constexpr int kConns = 1000;
+  static constexpr int kReopen = 250;
+  struct Counts {
+    std::atomic<uint64_t> opened{0}, closed_by_daemon{0}, open{0}, rounds{0};
+    std::atomic<int> setuid_failed{0};
+  };
+
+  Hostile(const std::string& socket, uid_t uid, gid_t gid) {
+    void* m =
+        mmap(nullptr, sizeof(Counts), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    REQUIRE(m != MAP_FAILED);
+    counts_ = new (m) Counts;
+    sockaddr_un addr{};
+    addr.sun_family = AF_UNIX;
+    std::strncpy(addr.sun_path, socket.c_str(), sizeof(addr.sun_path) - 1);
+    pid_ = ::fork();
+    REQUIRE(pid_ >= 0);
+    if (pid_ == 0) run(addr, uid, gid, *counts_);  // never returns
+  }
+  ~Hostile() {
+    if (pid_ > 0) {
+      ::kill(pid_, SIGKILL);
+      ::waitpid(pid_, nullptr, 0);
+    }
+    munmap(counts_, sizeof(Counts));
+  }
+  const Counts& counts() const { return *counts_; }
+
+ private:
+  // The child: system calls only (no allocation after the fork).
+  [[noreturn]] static void run(const sockaddr_un& addr, uid_t uid, gid_t gid, Counts& c) {
+    if (::setgroups(0, nullptr) != 0 || ::setgid(gid) != 0 || ::setuid(uid) != 0) {
+      c.setuid_failed = 1;
+      _exit(1);
+    }
+    static int fds[kConns];
+    static pollfd pfds[kConns];
+    for (int& fd : fds) fd = -1;
+    static const char kRequest[] = "{\"cmd\":\"status\"}\n";
+    while (true) {
+      int reopened = 0;
+      for (int& fd : fds) {
+        if (fd >= 0 || reopened >= kReopen) continue;
+        fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+        if (::connect(fd, reinterpret_cast<const sockaddr*>(&addr), sizeof(addr)) != 0) {
+          ::close(fd);  // the backlog is full: next round
+          fd = -1;
+          continue;
+        }
+        ++reopened;
+        ++c.opened;
+      }
+      for (int i = 0; i < kConns; ++i) pfds[i] = {fds[i], POLLRDHUP, 0};
+      ::poll(pfds, kConns, 0);
+      uint64_t open = 0;
+      for (int i = 0; i < kConns; ++i) {
+        if (fds[i] < 0) continue;
+        if (pfds[i].revents & (POLLRDHUP | POLLHUP | POLLERR)) {
+          ::close(fds[i]);
+          fds[i] = -1;
+          ++c.closed_by_daemon;
+          continue;
+        }
+        ++open;
+        if (i % 3 == 0) ::send(fds[i], "{", 1, MSG_DONTWAIT | MSG_NOSIGNAL);
+        if (i % 3 == 1) ::send(fds[i], kRequest, sizeof(kRequest) - 1, MSG_DONTWAIT | MSG_NOSIGNAL);
+      }
+      c.open = open;
+      ++c.rounds;
+      ::usleep(100'000);
+    }
+  }
+
+  pid_t pid_ = -1;
+  Counts* counts_ = nullptr;
+};
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+std::string figures(const std::vector<double>& v) {
+  std::ostringstream s;
+  for (double x : v) s << (s.tellp() ? " " : "") << std::fixed << std::setprecision(1) << x;
+  return s.str();
+}
+
+TEST_CASE("daemon: 1000 hostile connections keep neither root's stop nor another user out",
+          "[daemon][process][socket][abuse]") {
+  if (geteuid() != 0) {
+    WARN("needs root to act as a second, unprivileged user (uid 65534): skipped");
+    return;
+  }
+  TempDir dir("daemon-abuse");
+  ::chmod(dir.file("").c_str(), 0755);  // uid 65534 reaches the socket
+  Daemon d(dir);
+  Hostile hostile(d.socket, 65534, 65534);
+  // Every hostile connection has been opened, and the churn goes on.
+  REQUIRE(hostile.counts().setuid_failed == 0);
+  REQUIRE(wait_for([&] { return hostile.counts().opened >= Hostile::kConns; },
+                   std::chrono::seconds(30)));
+  const uint64_t rounds = hostile.counts().rounds;
+  REQUIRE(
+      wait_for([&] { return hostile.counts().rounds >= rounds + 3; }, std::chrono::seconds(10)));
+
+  // Root starts and stops a recording, again and again, through
+  // perfqctl (the whole command) and a raw connection (the request alone).
+  using Clock = std::chrono::steady_clock;
+  auto ms_since = [](Clock::time_point t0) {
+    return std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+  };
+  std::vector<double> ctl_ms, raw_ms;
+  for (int i = 0; i < 7; ++i) {
+    const std::string trace = dir.file("abuse" + std::to_string(i));
+    auto start = ctl(d, {"start", "-o", trace + "a.trace"});
+    INFO("start: " << start->err());
+    REQUIRE(start->exit_code() == 0);
+    auto t0 = Clock::now();
+    auto stop = ctl(d, {"stop"});
+    ctl_ms.push_back(ms_since(t0));
+    INFO("stop: " << stop->err());
+    REQUIRE(stop->exit_code() == 0);
+
+    REQUIRE(ctl(d, {"start", "-o", trace + "b.trace"})->exit_code() == 0);
+    t0 = Clock::now();
+    Conn c(d.socket);
+    REQUIRE(c.ok());
+    const json r = c.request(json{{"cmd", "stop"}});
+    raw_ms.push_back(ms_since(t0));
+    INFO("raw stop: " << r.dump());
+    REQUIRE(r.value("ok", false));
+  }
+  // The daemon held the hostile uid to its share and refused the rest.
+  Conn c(d.socket);
+  const json s = c.request(json{{"cmd", "status"}});
+  REQUIRE(s.is_object());
+  const json control = s["daemon"]["control"];
+  INFO(control.dump());
+  CHECK(control["unprivileged"].get<int>() <= 16);
+  CHECK(control["most_of_one_uid"].get<int>() <= 16);
+  CHECK(control["refused"].get<uint64_t>() > 0);
+  WARN("with " << Hostile::kConns << " hostile connections (uid 65534: " << hostile.counts().opened
+               << " opened, " << hostile.counts().closed_by_daemon << " closed by the daemon, "
+               << hostile.counts().open << " open now; daemon: " << control.dump()
+               << "): root's `perfqctl stop` took " << figures(ctl_ms) << " ms (median "
+               << median(ctl_ms) << "), a raw stop request " << figures(raw_ms) << " ms (median "
+               << median(raw_ms) << ")");
+  CHECK(median(ctl_ms) < 100);
+  CHECK(median(raw_ms) < 100);
+
+  // Another unprivileged user is not locked out by the first one.
+  TestUser user;
+  if (user.ok) {
+    auto status = ctl(d, {"status"}, user.as_user(false));
+    INFO(status->err());
+    CHECK(status->exit_code() == 0);
+  }
+}
+
+TEST_CASE("daemon: a request must be whole within 2 s and a client must read its replies",
+          "[daemon][process][socket][abuse]") {
+  TempDir dir("daemon-deadline");
+  Daemon d(dir);
+  using Clock = std::chrono::steady_clock;
+
+  SECTION("a request sent a byte at a time without its newline is cut off") {
+    Conn c(d.socket);
+    REQUIRE(c.ok());
+    const auto t0 = Clock::now();
+    REQUIRE(c.send_raw("{\"cmd\":"));
+    // Still trickling: bytes every 300 ms do not extend the deadline.
+    std::atomic<bool> done{false};
+    std::thread trickle([&] {
+      for (int i = 0; i < 30 && !done; ++i) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(300));
+        c.send_raw(" ");
+      }
+    });
+    const std::string l = c.line();
+    const double s = std::chrono::duration<double>(Clock::now() - t0).count();
+    const std::string eof = c.line();
+    done = true;
+    trickle.join();
+    INFO(l << " after " << s << " s");
+    CHECK(l.find("not finished") != std::string::npos);
+    CHECK(s >= 1.9);
+    CHECK(s < 6);
+    CHECK(eof.empty());  // and the connection is closed
+  }
+  SECTION("a client that sends requests and never reads the replies is closed") {
+    Conn c(d.socket);
+    REQUIRE(c.ok());
+    std::string many;
+    for (int i = 0; i < 5000; ++i) many += "{\"cmd\":\"status\"}\n";
+    REQUIRE(c.send_raw(many));
+    CHECK(wait_for(
+        [&] { return d.proc->err().find("does not read its replies") != std::string::npos; },
+        std::chrono::seconds(15)));
+    // What it does read ends well before 5000 replies.
+    int replies = 0;
+    while (!c.line().empty()) ++replies;
+    CHECK(replies < 5000);
+  }
+  SECTION("an empty line gets an error, not silence") {
+    Conn c(d.socket);
+    REQUIRE(c.ok());
+    REQUIRE(c.send_raw("\n"));
+    const json r = json::parse(c.line(), nullptr, false);
+    CHECK(r.value("ok", true) == false);
+    CHECK(r.value("error", "").find("empty request") != std::string::npos);
+  }
+}
+
+TEST_CASE("daemon: a request field of the wrong type is named with the type it must have",
+          "[daemon][process][socket]") {
+  TempDir dir("daemon-types");
+  Daemon d(dir);
+  Conn c(d.socket);
+  REQUIRE(c.ok());
+  const std::string out = dir.file("t.trace");
+  auto error_of = [&](const json& req) {
+    const json r = c.request(req);
+    if (!r.is_object() || r.value("ok", true)) return "(not an error: " + r.dump() + ")";
+    return r.value("error", std::string("(no error text)"));
+  };
+  struct Case {
+    json req;
+    std::vector<std::string> says;
+  };
+  const std::vector<Case> cases = {
+      {{{"cmd", "start"}, {"output", out}, {"duration_s", "10"}}, {"duration_s", "number"}},
+      {{{"cmd", "start"}, {"output", out}, {"devices", json::array({1, 2})}},
+       {"devices", "string"}},
+      {{{"cmd", "start"}, {"output", out}, {"devices", "shm:/x"}}, {"devices", "array"}},
+      {{{"cmd", "start"}, {"output", out}, {"sync_interval_ms", -5}},
+       {"sync_interval_ms", "unsigned integer"}},
+      {{{"cmd", "start"}, {"output", out}, {"sync_mode", 1}}, {"sync_mode", "string"}},
+      {{{"cmd", "devices"}, {"all", "yes"}}, {"all", "boolean"}},
+      // An embedded NUL would cut the path short: refused, not truncated.
+      {{{"cmd", "start"}, {"output", out + std::string(1, '\0') + "x"}}, {"output", "NUL"}},
+  };
+  for (const auto& k : cases) {
+    const std::string e = error_of(k.req);
+    INFO(k.req.dump() << " -> " << e);
+    for (const auto& w : k.says) CHECK(e.find(w) != std::string::npos);
+    CHECK(e.find("json.exception") == std::string::npos);
+  }
+  CHECK(access(out.c_str(), F_OK) != 0);
+  const json s = c.request(json{{"cmd", "status"}});
+  CHECK(s["recording"].is_null());
+}
+
+// A tmpfs of `size` mounted on a folder of `dir` (root only), unmounted at
+// the end; ok() is false where mounting is not permitted.
+class SmallDisk {
+ public:
+  SmallDisk(const TempDir& dir, const std::string& size) : path_(dir.file("small")) {
+    std::filesystem::create_directory(path_);
+    ok_ = geteuid() == 0 &&
+          sh("mount -t tmpfs -o size=" + size + " perfq-test-full " + path_ + " 2>/dev/null") == 0;
+  }
+  ~SmallDisk() {
+    if (ok_) sh("umount " + path_);
+  }
+  bool ok() const { return ok_; }
+  std::string file(const std::string& name) const { return path_ + "/" + name; }
+  // Fills what is left with a file of zeros.
+  void fill(const std::string& name) const {
+    sh("dd if=/dev/zero of=" + file(name) + " bs=4k 2>/dev/null");
+  }
+
+ private:
+  std::string path_;
+  bool ok_ = false;
+};
+
+TEST_CASE("daemon: a full disk: status says why and a refused start leaves no file behind",
+          "[daemon][process][disk]") {
+  TempDir dir("daemon-full");
+  SmallDisk disk(dir, "1m");
+  if (!disk.ok()) {
+    WARN("needs root and permission to mount a tmpfs (mount -t tmpfs): skipped");
+    return;
+  }
+  TempShm shm("daemon-full");
+  Child dev({kBin + "/perfq-devsim", "--region", shm.path(), "--create", "--workers", "2", "--rate",
+             "50000", "--job-workers", "0"});
+  REQUIRE(
+      wait_for([&] { return access(shm.path().c_str(), F_OK) == 0; }, std::chrono::seconds(10)));
+  Daemon d(dir, {"--device", "shm:" + shm.path(), "--compress", "false"});
+
+  SECTION("the disk fills during a recording: the text status shows the writer's error") {
+    sh("dd if=/dev/zero of=" + disk.file("filler") + " bs=1k count=896 2>/dev/null");
+    REQUIRE(ctl(d, {"start", "-o", disk.file("full.trace")})->exit_code() == 0);
+    std::string text;
+    CHECK(wait_for(
+        [&] {
+          text = ctl(d, {"status"})->out();
+          return text.find("No space left on device") != std::string::npos;
+        },
+        std::chrono::seconds(30)));
+    INFO(text);
+    CHECK(text.find("error:") != std::string::npos);
+  }
+  SECTION("a start on a full disk is refused and leaves no empty file") {
+    disk.fill("filler");
+    auto start = ctl(d, {"start", "-o", disk.file("none.trace")});
+    INFO(start->err());
+    CHECK(start->exit_code() == 1);
+    CHECK(start->err().find("No space left on device") != std::string::npos);
+    CHECK(access(disk.file("none.trace").c_str(), F_OK) != 0);
+    // A file that was there before (empty: truncating it frees no room) is
+    // the user's: not removed.
+    { std::ofstream theirs(disk.file("theirs.trace")); }
+    CHECK(ctl(d, {"start", "-o", disk.file("theirs.trace")})->exit_code() == 1);
+    CHECK(access(disk.file("theirs.trace").c_str(), F_OK) == 0);
+  }
+}
+
 TEST_CASE("daemon: SIGTERM during a recording leaves a complete, readable trace",
           "[daemon][process]") {
   TempDir dir("daemon-term");
@@ -753,14 +1086,19 @@ TEST_CASE("daemon: SIGTERM during a recording leaves a complete, readable trace"
       wait_for([&] { return access(shm.path().c_str(), F_OK) == 0; }, std::chrono::seconds(10)));
   Daemon d(dir);
   REQUIRE(ctl(d, {"start", "-o", trace, "--device", "shm:" + shm.path()})->exit_code() == 0);
+  uint64_t over_capacity = 0;  // a ring never holds more than it can
   REQUIRE(wait_for(
       [&] {
         auto s = ctl(d, {"status", "--json"});
         const json j = json::parse(s->out(), nullptr, false);
-        return j.is_object() && j["recording"].is_object() &&
-               j["recording"]["records"].get<uint64_t>() > 1000;
+        if (!j.is_object() || !j["recording"].is_object()) return false;
+        for (const auto& dev : j["recording"]["devices"])
+          if (dev["ring_fill"].get<uint64_t>() > dev["ring_capacity"].get<uint64_t>())
+            ++over_capacity;
+        return j["recording"]["records"].get<uint64_t>() > 1000;
       },
       std::chrono::seconds(static_cast<int>(30 * kSlow))));
+  CHECK(over_capacity == 0);
   d.proc->signal(SIGTERM);
   REQUIRE(d.proc->wait(std::chrono::seconds(static_cast<int>(30 * kSlow))));
   INFO("daemon: " << d.proc->err());
@@ -771,6 +1109,52 @@ TEST_CASE("daemon: SIGTERM during a recording leaves a complete, readable trace"
   CHECK(t.records.size() > 1000);
   // The socket is gone with the daemon.
   CHECK(access(d.socket.c_str(), F_OK) != 0);
+}
+
+TEST_CASE("daemon: kill -9 loses only what the merge holds and 100 ms more",
+          "[daemon][process][crash]") {
+  TempDir dir("daemon-kill");
+  TempShm shm("daemon-kill");
+  // 2 000 records/s: a whole chunk (16384 records) would take 8 s to fill.
+  Child dev({kBin + "/perfq-devsim", "--region", shm.path(), "--create", "--workers", "2", "--rate",
+             "1000", "--job-workers", "0"});
+  REQUIRE(
+      wait_for([&] { return access(shm.path().c_str(), F_OK) == 0; }, std::chrono::seconds(10)));
+  Daemon d(dir, {"--device", "shm:" + shm.path()});
+  const std::string trace = dir.file("killed.trace");
+  REQUIRE(ctl(d, {"start", "-o", trace})->exit_code() == 0);
+  json rec;
+  REQUIRE(wait_for(
+      [&] {
+        const json j = json::parse(ctl(d, {"status", "--json"})->out(), nullptr, false);
+        if (!j.is_object() || !j["recording"].is_object()) return false;
+        rec = j["recording"];
+        return rec["devices"][0]["records"].get<uint64_t>() >= 4000;
+      },
+      std::chrono::seconds(static_cast<int>(30 * kSlow))));
+  // What the merge had handed to the writer is in the file 100 ms later
+  // (and the writer's 50 ms wake): the interval under test, not a hope.
+  const uint64_t released = rec["merge"]["released"].get<uint64_t>();
+  std::this_thread::sleep_for(std::chrono::milliseconds(static_cast<int>(250 * kSlow)));
+  const int64_t kill_ns = static_cast<int64_t>(monotonic_ns());
+  d.proc->signal(SIGKILL);
+  REQUIRE(d.proc->wait(std::chrono::seconds(10)));
+  bool clean = true;
+  const TraceContent t = read_trace(trace, &clean);
+  CHECK_FALSE(clean);  // no END chunk: the daemon never closed it
+  REQUIRE(!t.records.empty());
+  CHECK(t.records.size() >= released);
+  int64_t last_ns = INT64_MIN;
+  for (const auto& r : t.records) last_ns = std::max(last_ns, r.time_ns);
+  const double lost_ms = static_cast<double>(kill_ns - last_ns) / 1e6;
+  WARN("kill -9 at 2 000 records/s: " << t.records.size() << " records in the file, " << released
+                                      << " released by the merge 250 ms before; "
+                                      << "the newest record in the file is " << lost_ms
+                                      << " ms older than the kill (the merge then: "
+                                      << rec["merge"].dump() << ")");
+  // The merge holds records up to --max-delay-ms (2 s) when an input holds
+  // its watermark, --device-latency-ms (250 ms) otherwise.
+  CHECK(lost_ms < (2000 + 100 + 500) * kSlow);
 }
 
 TEST_CASE("daemon: clear errors for a second start, a stop with nothing running, a bad device",
@@ -1180,6 +1564,12 @@ TEST_CASE("daemon: SIGHUP reloads the config file", "[daemon][process]") {
   }
   proc.signal(SIGHUP);
   CHECK(wait_for([&] { return devices().size() == 2; }, std::chrono::seconds(10)));
+  // The log names the file read, not the default one.
+  CHECK(wait_for(
+      [&] {
+        return proc.err().find("reloaded the configuration from " + conf) != std::string::npos;
+      },
+      std::chrono::seconds(10)));
   // A broken file is refused; the daemon keeps its settings and runs on.
   {
     std::ofstream f(conf);

@@ -302,9 +302,16 @@ int run_status(const Common& o) {
   const json& rec = r["recording"];
   if (rec.is_null()) {
     std::printf("not recording\n");
-    if (!r["last"].is_null())
-      std::printf("last recording: %s, %llu records\n", r["last"].value("output", "?").c_str(),
-                  static_cast<unsigned long long>(u64(r["last"], "records")));
+    const json& last = r["last"];
+    if (!last.is_null()) {
+      std::printf("last recording: %s, %llu records%s\n", last.value("output", "?").c_str(),
+                  static_cast<unsigned long long>(u64(last, "records")),
+                  last.contains("stop_reason")
+                      ? (", stopped: " + last.value("stop_reason", "")).c_str()
+                      : "");
+      if (last.contains("error"))
+        std::printf("  error: %s\n", last["error"].get<std::string>().c_str());
+    }
   } else {
     std::printf(
         "recording to %s for %.1f s%s: %llu records written (%s), %llu pending, %llu late\n",
@@ -316,6 +323,8 @@ int run_status(const Common& o) {
         human_bytes(static_cast<double>(u64(rec, "bytes"))).c_str(),
         static_cast<unsigned long long>(u64(rec["merge"], "pending")),
         static_cast<unsigned long long>(u64(rec["merge"], "late")));
+    if (rec.contains("error"))  // the trace file failed (a full disk): the recording stops
+      std::printf("  error: %s\n", rec["error"].get<std::string>().c_str());
     for (const auto& dev : rec["devices"]) {
       std::printf(
           "  device %s \"%s\" %s: %llu records (%.0f/s), %llu lost, %llu invalid, ring %llu/%llu\n",

@@ -2,10 +2,13 @@
 #include "app/json_lines.h"
 
 #include <fmt/format.h>
+#include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <chrono>
 #include <cstring>
 
 namespace perfq {
@@ -29,7 +32,10 @@ std::optional<std::string> LineBuffer::next_line() {
   return line;
 }
 
-Status send_line(int sock, const std::string& line, int pass_fd) {
+Status send_line(int sock, const std::string& line, int pass_fd, int timeout_ms) {
+  using Clock = std::chrono::steady_clock;
+  const auto deadline = Clock::now() + std::chrono::milliseconds(std::max(timeout_ms, 0));
+  const int flags = MSG_NOSIGNAL | (timeout_ms >= 0 ? MSG_DONTWAIT : 0);
   std::string data = line;
   data.push_back('\n');
   size_t off = 0;
@@ -50,9 +56,17 @@ Status send_line(int sock, const std::string& line, int pass_fd) {
       c->cmsg_len = CMSG_LEN(sizeof(int));
       std::memcpy(CMSG_DATA(c), &pass_fd, sizeof(int));
     }
-    const ssize_t n = ::sendmsg(sock, &msg, MSG_NOSIGNAL);
+    const ssize_t n = ::sendmsg(sock, &msg, flags);
     if (n < 0) {
       if (errno == EINTR) continue;
+      if (timeout_ms >= 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+        const auto left =
+            std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
+        pollfd pfd{sock, POLLOUT, 0};
+        if (left > 0 && (::poll(&pfd, 1, static_cast<int>(left)) >= 0 || errno == EINTR)) continue;
+        return Status(Errc::kTimeout, fmt::format("the peer took {} of {} bytes within {} ms", off,
+                                                  data.size(), timeout_ms));
+      }
       return Status::from_errno("send");
     }
     fd_sent = true;

@@ -43,7 +43,10 @@ class LineBuffer {
 // Send line + '\n' in full (blocking socket: up to its SO_SNDTIMEO;
 // non-blocking: fails on EAGAIN).  pass_fd >= 0 travels with the first
 // byte (SCM_RIGHTS).  MSG_NOSIGNAL: a closed peer is an error, never SIGPIPE.
-Status send_line(int sock, const std::string& line, int pass_fd = -1);
+// timeout_ms >= 0: the whole line must be taken within that time, whatever
+// the socket's mode (a peer that does not read gets kTimeout; 0: only what
+// fits now).
+Status send_line(int sock, const std::string& line, int pass_fd = -1, int timeout_ms = -1);
 
 // Read up to one chunk into buf; any fds passed with it are appended to
 // *fds when fds is not null (closed otherwise).  Returns bytes read, 0 at

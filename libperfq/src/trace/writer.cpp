@@ -133,8 +133,19 @@ Result<TraceWriter> TraceWriter::open(const std::string& path, const TraceMetada
   auto impl = std::make_unique<Impl>();
   impl->path = path;
   impl->options = options;
-  impl->fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  // Created here, or an existing file truncated?  A file created here and
+  // left without its header (a full disk) is removed; another is not ours.
+  bool created = true;
+  impl->fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+  if (impl->fd < 0 && errno == EEXIST) {
+    created = false;
+    impl->fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  }
   if (impl->fd < 0) return Status::from_errno(path + ": open for writing");
+  auto fail = [&](Status s) {
+    if (created) ::unlink(path.c_str());
+    return s;
+  };
   impl->pending.reserve(options.records_per_chunk);
 
   uint8_t header[kTraceFileHeaderSize] = {};
@@ -145,9 +156,9 @@ Result<TraceWriter> TraceWriter::open(const std::string& path, const TraceMetada
   put<uint32_t>(header + 24, 0);
   put<uint32_t>(header + 28, crc32c(header, 28));
   Status s = impl->write_all(header, sizeof header);
-  if (!s.is_ok()) return s;
+  if (!s.is_ok()) return fail(s);
   s = impl->write_metadata(metadata);
-  if (!s.is_ok()) return s;
+  if (!s.is_ok()) return fail(s);
   return TraceWriter(std::move(impl));
 }
 
