@@ -133,7 +133,8 @@ Result<TraceWriter> TraceWriter::open(const std::string& path, const TraceMetada
   auto impl = std::make_unique<Impl>();
   impl->path = path;
   impl->options = options;
-  impl->fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  const int create = options.replace ? O_CREAT | O_TRUNC : O_CREAT | O_EXCL;
+  impl->fd = ::open(path.c_str(), O_WRONLY | create | O_CLOEXEC, 0644);
   if (impl->fd < 0) return Status::from_errno(path + ": open for writing");
   impl->pending.reserve(options.records_per_chunk);
 
