@@ -70,6 +70,9 @@ std::string parse_start(const json& req, const DaemonConfig& c, RecordingOptions
   o.output = req["output"].get<std::string>();
   if (o.output.empty() || o.output[0] != '/')
     return std::string("output '" + o.output + "' must be an absolute path");
+  if (req.contains("force") && !req["force"].is_boolean())
+    return std::string("\"force\" (replace an existing output) must be true or false");
+  o.force = req.value("force", false);
   if (req.contains("devices")) {
     for (const auto& d : req.at("devices")) o.devices.push_back(d.get<std::string>());
   } else {

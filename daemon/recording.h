@@ -41,6 +41,7 @@ namespace perfqd {
 
 struct RecordingOptions {
   std::string output;                // absolute path of the trace file
+  bool force = false;                // replace an existing file at output (else refused)
   std::vector<std::string> devices;  // transport specs
   unsigned sync_interval_ms = 100;
   perfq_sync_mode sync_mode = PERFQ_SYNC_MODE_A;

@@ -450,7 +450,8 @@ TEST_CASE(
   REQUIRE(wait_for([&] { return dev.err().find("running on") != std::string::npos; },
                    std::chrono::seconds(static_cast<int>(10 * kSlow))));
   Daemon d(dir);
-  auto st = ctl(d, {"start", "-o", fifo, "--device", "shm:" + shm.path()});
+  // The fifo exists: only --force has the daemon open it.
+  auto st = ctl(d, {"start", "-o", fifo, "--force", "--device", "shm:" + shm.path()});
   INFO("start: " << st->out() << st->err() << "\ndaemon: " << d.proc->err());
   REQUIRE(st->exit_code() == 0);
   auto status = [&] {
@@ -797,6 +798,110 @@ TEST_CASE("daemon: clear errors for a second start, a stop with nothing running,
   REQUIRE(none.wait(std::chrono::seconds(10)));
   CHECK(none.exit_code() == 1);
   CHECK(none.err().find("is it running") != std::string::npos);
+}
+
+std::string file_text(const std::string& path) {
+  std::ifstream f(path);
+  return std::string((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+}
+
+// The trace files named perfq-YYYYMMDD-HHMMSS.trace in dir.
+std::vector<std::string> timestamped_traces(const std::string& dir) {
+  std::vector<std::string> found;
+  for (const auto& e : std::filesystem::directory_iterator(dir))
+    if (std::regex_match(e.path().filename().string(), std::regex(R"(perfq-\d{8}-\d{6}\.trace)")))
+      found.push_back(e.path().string());
+  return found;
+}
+
+// perfqctl start and record never replace a file unless told to (the daemon
+// decides as it creates the file), and without -o they name the trace by
+// the time, in the current directory.
+TEST_CASE(
+    "daemon: start and record keep an existing trace unless --force and name a new one by the time",
+    "[daemon][process]") {
+  TempDir dir("daemon-force");
+  Daemon d(dir);
+  const std::string kept = dir.file("kept.trace");
+  std::ofstream(kept) << "an earlier trace";
+
+  auto refused = ctl(d, {"start", "-o", kept});
+  INFO("start over an existing file: " << refused->out() << refused->err());
+  CHECK(refused->exit_code() == 1);
+  CHECK(refused->err().find(kept + " exists") != std::string::npos);
+  CHECK(refused->err().find("--force overwrites it") != std::string::npos);
+  CHECK(file_text(kept) == "an earlier trace");
+  // A relative -o names the same file, from perfqctl's directory.
+  auto relative = ctl(d, {"start", "-o", "kept.trace"}, {"/usr/bin/env", "-C", dir.file("")});
+  CHECK(relative->exit_code() == 1);
+  CHECK(file_text(kept) == "an earlier trace");
+  // The request's force must be a boolean.
+  Conn c(d.socket);
+  REQUIRE(c.ok());
+  const json bad = c.request({{"cmd", "start"}, {"output", kept}, {"force", "yes"}});
+  CHECK(bad["ok"] == false);
+  CHECK(bad["error"].get<std::string>().find("force") != std::string::npos);
+
+  auto forced = ctl(d, {"start", "-o", kept, "--force"});
+  INFO("start --force: " << forced->err());
+  REQUIRE(forced->exit_code() == 0);
+  REQUIRE(ctl(d, {"stop"})->exit_code() == 0);
+  bool clean = false;
+  read_trace(kept, &clean);
+  CHECK(clean);
+
+  // No -o: perfq-YYYYMMDD-HHMMSS.trace in the current directory, said so.
+  TempDir here("daemon-force-here");
+  auto named = ctl(d, {"start"}, {"/usr/bin/env", "-C", here.file("")});
+  INFO("start without -o: " << named->out() << named->err());
+  REQUIRE(named->exit_code() == 0);
+  std::smatch m;
+  const std::string said = named->err();
+  REQUIRE(std::regex_search(said, m, std::regex(R"(no -o given: the trace is (\S+))")));
+  CHECK(named->out().find("recording to " + m[1].str()) != std::string::npos);
+  REQUIRE(ctl(d, {"stop"})->exit_code() == 0);
+  const auto traces = timestamped_traces(here.file(""));
+  REQUIRE(traces.size() == 1);
+  CHECK(std::filesystem::equivalent(traces[0], m[1].str()));
+  read_trace(traces[0], &clean);
+  CHECK(clean);
+
+  // perfqctl record, the same way (its device must run).
+  TempShm shm("daemon-force");
+  Child dev({kBin + "/perfq-devsim", "--region", shm.path(), "--create", "--workers", "1", "--rate",
+             "2000", "--job-workers", "0"});
+  REQUIRE(dev.started());
+  REQUIRE(wait_for([&] { return dev.err().find("running on") != std::string::npos; },
+                   std::chrono::seconds(static_cast<int>(10 * kSlow))));
+  const std::string spec = "shm:" + shm.path();
+  const std::string rec_kept = dir.file("rec-kept.trace");
+  std::ofstream(rec_kept) << "an earlier recording";
+  Child rec({kBin + "/perfqctl", "record", "--device", spec, "-o", rec_kept});
+  REQUIRE(rec.wait(std::chrono::seconds(static_cast<int>(30 * kSlow))));
+  INFO("record over an existing file: " << rec.err());
+  CHECK(rec.exit_code() == 1);
+  CHECK(rec.err().find(rec_kept + " exists") != std::string::npos);
+  CHECK(rec.err().find("--force overwrites it") != std::string::npos);
+  CHECK(file_text(rec_kept) == "an earlier recording");
+  Child rec_forced({kBin + "/perfqctl", "record", "--device", spec, "-o", rec_kept, "--force",
+                    "--duration", "0.5"});
+  REQUIRE(rec_forced.wait(std::chrono::seconds(static_cast<int>(30 * kSlow))));
+  INFO("record --force: " << rec_forced.err());
+  CHECK(rec_forced.exit_code() == 0);
+  read_trace(rec_kept, &clean);
+  CHECK(clean);
+  TempDir rec_here("daemon-force-rec");
+  Child rec_named({"/usr/bin/env", "-C", rec_here.file(""), kBin + "/perfqctl", "record",
+                   "--device", spec, "--duration", "0.5"});
+  REQUIRE(rec_named.wait(std::chrono::seconds(static_cast<int>(30 * kSlow))));
+  INFO("record without -o: " << rec_named.out() << rec_named.err());
+  CHECK(rec_named.exit_code() == 0);
+  CHECK(rec_named.err().find("no -o given: the trace is " + rec_here.file("perfq-")) !=
+        std::string::npos);
+  const auto rec_traces = timestamped_traces(rec_here.file(""));
+  REQUIRE(rec_traces.size() == 1);
+  read_trace(rec_traces[0], &clean);
+  CHECK(clean);
 }
 
 TEST_CASE("daemon: devices --all lists this machine's PCI bus, devices only perfq's",

@@ -27,6 +27,10 @@ void add_filter_options(CLI::App& sub, FilterArgs& f);
 // The filter, or false with the reason on stderr ("perfqctl: CMD: ...").
 bool filter_of(const FilterArgs& f, const char* cmd, perfq::TraceFilter& out);
 
+// The trace file when -o is not given (start, record): perfq-YYYYMMDD-HHMMSS.trace,
+// the local time now, in the current directory (as LTTng names its sessions).
+std::string default_trace_name();
+
 void add_report_command(CLI::App& app, int& exit_code);
 void add_export_command(CLI::App& app, int& exit_code);
 void add_record_command(CLI::App& app, int& exit_code);

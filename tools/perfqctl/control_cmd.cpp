@@ -209,7 +209,8 @@ int do_stop(Client& c, const Common& o, const char* cmd) {
 }
 
 struct StartOptions {
-  std::string output = "perfq.trace";
+  std::string output;  // default_trace_name() when empty
+  bool force = false;  // replace an existing output file
   std::vector<std::string> devices;
   double duration = 0;
   unsigned sync_interval_ms = 0;
@@ -223,10 +224,12 @@ struct StartOptions {
 int run_start(const Common& o, const StartOptions& s) {
   Client c;
   if (auto e = c.connect(o.socket); !e.empty()) return fail("start", e);
+  const std::string output = s.output.empty() ? default_trace_name() : s.output;
   std::error_code ec;
-  const auto out = std::filesystem::absolute(s.output, ec);
-  if (ec) return fail("start", "bad output path " + s.output + ": " + ec.message());
-  json req = {{"cmd", "start"}, {"output", out.lexically_normal().string()}};
+  const auto out = std::filesystem::absolute(output, ec);
+  if (ec) return fail("start", "bad output path " + output + ": " + ec.message());
+  // The daemon creates the file, and refuses one that exists unless forced.
+  json req = {{"cmd", "start"}, {"output", out.lexically_normal().string()}, {"force", s.force}};
   if (!s.devices.empty()) req["devices"] = s.devices;
   if (s.duration > 0) req["duration_s"] = s.duration;
   if (s.sync_interval_ms) req["sync_interval_ms"] = s.sync_interval_ms;
@@ -246,6 +249,9 @@ int run_start(const Common& o, const StartOptions& s) {
   if (!uprobes.empty()) req["uprobes"] = uprobes;
   json r = c.request(req);
   if (!r.value("ok", false)) return fail("start", r.value("error", "failed"));
+  if (s.output.empty())
+    std::fprintf(stderr, "perfqctl start: no -o given: the trace is %s\n",
+                 r.value("output", "").c_str());
   if (r.contains("warnings") && !o.json_out)
     for (const auto& w : r["warnings"])
       if (w.is_string())
@@ -263,15 +269,15 @@ int run_start(const Common& o, const StartOptions& s) {
   // terminal; Ctrl-C stops it early (the trace is still complete).
   signal(SIGINT, on_sigint);
   const bool tty = isatty(2);
-  const std::string output = r.value("output", "");
+  const std::string recording = r.value("output", "");
   while (!g_interrupted) {
     std::this_thread::sleep_for(std::chrono::milliseconds(200));
     json st = c.request({{"cmd", "status"}});
     if (!st.value("ok", false)) return fail("start", st.value("error", "status failed"));
     const json& rec = st["recording"];
-    if (rec.is_null() || rec.value("output", "") != output) break;
+    if (rec.is_null() || rec.value("output", "") != recording) break;
     if (tty)
-      std::fprintf(stderr, "\rrecording %s: %.1f / %.1f s, %llu records   ", output.c_str(),
+      std::fprintf(stderr, "\rrecording %s: %.1f / %.1f s, %llu records   ", recording.c_str(),
                    dbl(rec, "elapsed_s"), s.duration,
                    static_cast<unsigned long long>(u64(rec, "records")));
   }
@@ -507,8 +513,10 @@ void add_control_commands(CLI::App& app, int& exit_code) {
       "Start a recording in perfq-daemon: its devices and every instrumented application, "
       "merged into one trace file. With --duration, waits for it to end (progress on a "
       "terminal, Ctrl-C stops early) and prints the summary; otherwise returns at once.");
-  start->add_option("-o,--output", s->output, "Trace file (created by the daemon as you)")
-      ->capture_default_str();
+  start->add_option("-o,--output", s->output,
+                    "Trace file, created by the daemon as you; an existing one is refused "
+                    "unless --force (default: perfq-YYYYMMDD-HHMMSS.trace here)");
+  start->add_flag("--force", s->force, "Overwrite the -o file if it exists");
   start
       ->add_option("--device", s->devices,
                    "Device to record (repeatable): shm:PATH or /dev/perfqN; default: the "
