@@ -85,7 +85,9 @@ std::string parse_start(const json& req, const DaemonConfig& c, RecordingOptions
   if (mode != "a" && mode != "b") return std::string("sync_mode must be \"a\" or \"b\"");
   o.sync_mode = mode == "b" ? PERFQ_SYNC_MODE_B : PERFQ_SYNC_MODE_A;
   o.duration_s = req.value("duration_s", 0.0);
-  if (o.duration_s < 0 || o.duration_s > 1e7) return "bad duration_s";
+  if (!(o.duration_s >= 0 && o.duration_s <= kMaxDurationS))
+    return "duration_s must be within 0.." + std::to_string(static_cast<long>(kMaxDurationS)) +
+           " seconds (0: until stopped)";
   return parse_kernel_request(req, o.kernel);
 }
 

@@ -39,6 +39,9 @@
 
 namespace perfqd {
 
+// The longest recording a duration may ask for, in seconds (about 4 months).
+inline constexpr double kMaxDurationS = 1e7;
+
 struct RecordingOptions {
   std::string output;                // absolute path of the trace file
   bool force = false;                // replace an existing file at output (else refused)

@@ -904,6 +904,59 @@ TEST_CASE(
   CHECK(clean);
 }
 
+// What a user meets on the command line: an unknown command named with its
+// nearest match, a duration's range in words, the version, the two device
+// forms in help and errors alike.
+TEST_CASE("perfqctl: usage errors say what is wrong and what would be right", "[daemon][process]") {
+  auto run = [](std::vector<std::string> args) {
+    args.insert(args.begin(), kBin + "/perfqctl");
+    auto c = std::make_unique<Child>(args);
+    REQUIRE(c->started());
+    REQUIRE(c->wait(std::chrono::seconds(static_cast<int>(30 * kSlow))));
+    return c;
+  };
+  auto typo = run({"reprot", "x"});
+  INFO("reprot: " << typo->err());
+  CHECK(typo->exit_code() == 2);
+  CHECK(typo->err().find("unknown command 'reprot'; did you mean 'report'?") != std::string::npos);
+  auto far = run({"--socket", "/nowhere", "frobnicate"});
+  CHECK(far->exit_code() == 2);
+  CHECK(far->err().find("unknown command 'frobnicate' (commands: start, stop") !=
+        std::string::npos);
+  CHECK(far->err().find("did you mean") == std::string::npos);
+
+  for (const std::string cmd : {"start", "record"}) {
+    auto neg = run({cmd, "--device", "shm:/nowhere", "--duration", "-3"});
+    INFO(cmd << " --duration -3: " << neg->err());
+    CHECK(neg->exit_code() == 2);
+    CHECK(neg->err().find("'-3' is not a duration: give seconds from 0 to 10000000") !=
+          std::string::npos);
+    CHECK(neg->err().size() < 200);  // no range ending in a 300-digit number
+  }
+
+  TempDir dir("perfqctl-usage");
+  Daemon d(dir);
+  auto version = run({"--version"});
+  CHECK(version->exit_code() == 0);
+  std::smatch m;
+  const std::string said = version->out();
+  REQUIRE(std::regex_match(said, m, std::regex(R"(perfqctl (\d+\.\d+\.\d+)\n)")));
+  Child daemon_version({kBin + "/perfq-daemon", "--version"});
+  REQUIRE(daemon_version.wait(std::chrono::seconds(10)));
+  CHECK(daemon_version.exit_code() == 0);
+  CHECK(daemon_version.out() == "perfq-daemon " + m[1].str() + "\n");
+  const json status = json::parse(ctl(d, {"status", "--json"})->out());
+  CHECK(status["daemon"]["version"] == m[1].str());
+
+  // record: its help and its errors name the same two device forms.
+  auto help = run({"record", "--help"});
+  CHECK(help->out().find("shm:PATH") != std::string::npos);
+  CHECK(help->out().find("/dev/perfqN") != std::string::npos);
+  auto bad = run({"record", "--device", dir.file("not-a-spec")});
+  CHECK(bad->exit_code() == 1);
+  CHECK(bad->err().find("is not shm:PATH or /dev/perfqN") != std::string::npos);
+}
+
 TEST_CASE("daemon: devices --all lists this machine's PCI bus, devices only perfq's",
           "[daemon][process][pci]") {
   TempDir dir("daemon-pci");

@@ -519,11 +519,10 @@ void add_control_commands(CLI::App& app, int& exit_code) {
   start->add_flag("--force", s->force, "Overwrite the -o file if it exists");
   start
       ->add_option("--device", s->devices,
-                   "Device to record (repeatable): shm:PATH or /dev/perfqN; default: the "
-                   "daemon's configured devices")
+                   "Device to record (repeatable): " + std::string(kDeviceForms) +
+                       "; default: the daemon's configured devices")
       ->allow_extra_args(false);
-  start->add_option("--duration", s->duration, "Stop after S seconds")
-      ->check(CLI::NonNegativeNumber);
+  start->add_option("--duration", s->duration, "Stop after S seconds")->check(duration_check());
   start
       ->add_option("--sync-interval-ms", s->sync_interval_ms,
                    "Time between clock sync rounds (default: the daemon's)")

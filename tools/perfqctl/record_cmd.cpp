@@ -156,12 +156,13 @@ void add_record_command(CLI::App& app, int& exit_code) {
       "Record one device into a trace file in the foreground, without the daemon, through the "
       "daemon's own recording pipeline: drain its ring, synchronize its clock, write records in "
       "host-time order. Stops on SIGINT/SIGTERM, after --duration, or when the device stops.");
-  cmd->add_option("--device", o->device, "Device: shm:PATH or /dev/perfqN")->required();
+  cmd->add_option("--device", o->device, "Device to record: " + std::string(kDeviceForms))
+      ->required();
   cmd->add_option("-o,--output", o->output,
                   "Trace file to write; an existing one is refused unless --force (default: "
                   "perfq-YYYYMMDD-HHMMSS.trace here)");
   cmd->add_flag("--force", o->force, "Overwrite the -o file if it exists");
-  cmd->add_option("--duration", o->duration, "Stop after S seconds")->check(CLI::NonNegativeNumber);
+  cmd->add_option("--duration", o->duration, "Stop after S seconds")->check(duration_check());
   cmd->add_option("--sync-interval-ms", o->sync_interval_ms, "Time between sync rounds")
       ->capture_default_str()
       ->check(CLI::Range(1u, 60000u));
