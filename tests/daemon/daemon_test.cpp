@@ -420,6 +420,41 @@ TEST_CASE("daemon: records a device dropped are counted once, as the device coun
   CHECK(rj["lost"]["device"].get<uint64_t>() == dropped);
 }
 
+// perfqctl start --duration on a terminal: its live line shows what the
+// device loses as it happens, not only in the summary at the end.
+TEST_CASE("daemon: start --duration shows the device's losses as they happen",
+          "[daemon][process]") {
+  REQUIRE(access("/usr/bin/script", X_OK) == 0);  // script(1) gives perfqctl a terminal
+  TempDir dir("daemon-live-loss");
+  TempShm shm("daemon-live-loss");
+  // A ring of 64 records the drain cannot keep empty at this rate: losses.
+  Child dev({kBin + "/perfq-devsim", "--region", shm.path(), "--create", "--ring-records", "64",
+             "--queue-records", "256", "--workers", "2", "--job-workers", "0", "--rate", "400000",
+             "--duration", std::to_string(6 * kSlow), "--wait-host"});
+  REQUIRE(dev.started());
+  REQUIRE(
+      wait_for([&] { return access(shm.path().c_str(), F_OK) == 0; }, std::chrono::seconds(10)));
+  Daemon d(dir);
+  // Long enough that a busy machine's first sync round (which starts the
+  // device's workers) leaves seconds of losses to show.
+  const std::string cmd = kBin + "/perfqctl --socket " + d.socket + " start -o " +
+                          dir.file("live.trace") + " --device shm:" + shm.path() +
+                          " --duration 4 --json";
+  // script(1): perfqctl's stderr is a terminal, whose output script copies.
+  Child term({"/usr/bin/script", "-q", "-e", "-c", cmd, "/dev/null"});
+  REQUIRE(term.started());
+  REQUIRE(term.wait(std::chrono::seconds(static_cast<int>(60 * kSlow))));
+  INFO("on the terminal: " << term.out() << term.err());
+  CHECK(term.exit_code() == 0);
+  const std::string shown = term.out();
+  const std::regex live(R"(recording \S+: [0-9.]+ / 4\.0 s, (\d+) records, (\d+) lost by devices)");
+  uint64_t most = 0;
+  for (auto it = std::sregex_iterator(shown.begin(), shown.end(), live);
+       it != std::sregex_iterator(); ++it)
+    most = std::max<uint64_t>(most, std::stoull((*it)[2].str()));
+  CHECK(most > 0);
+}
+
 // A writer that cannot write (its output is a pipe nobody reads for a
 // while): the merge holds at most its cap of records for it, the drain
 // leaves the rest in the device's ring, whose overflow the device counts,

@@ -276,12 +276,17 @@ int run_start(const Common& o, const StartOptions& s) {
     if (!st.value("ok", false)) return fail("start", st.value("error", "status failed"));
     const json& rec = st["recording"];
     if (rec.is_null() || rec.value("output", "") != recording) break;
-    if (tty)
-      std::fprintf(stderr, "\rrecording %s: %.1f / %.1f s, %llu records   ", recording.c_str(),
-                   dbl(rec, "elapsed_s"), s.duration,
-                   static_cast<unsigned long long>(u64(rec, "records")));
+    if (!tty) continue;
+    // What the devices lost (their queues overflowed, or the drain fell
+    // behind), as status counts it.
+    uint64_t lost = 0;
+    for (const auto& dev : rec.value("devices", json::array())) lost += u64(dev, "lost");
+    std::fprintf(stderr, "\rrecording %s: %.1f / %.1f s, %llu records, %llu lost by devices\033[K",
+                 recording.c_str(), dbl(rec, "elapsed_s"), s.duration,
+                 static_cast<unsigned long long>(u64(rec, "records")),
+                 static_cast<unsigned long long>(lost));
   }
-  if (tty) std::fprintf(stderr, "\r%70s\r", "");
+  if (tty) std::fprintf(stderr, "\r\033[K");
   // Collect the summary (this also stops it early after Ctrl-C).
   return do_stop(c, o, "start");
 }
