@@ -992,6 +992,37 @@ TEST_CASE("perfqctl: usage errors say what is wrong and what would be right", "[
   CHECK(bad->err().find("is not shm:PATH or /dev/perfqN") != std::string::npos);
 }
 
+// export -o - writes to standard output what -o FILE writes to the file,
+// for every one-file format, and leaves no file named '-'.
+TEST_CASE("perfqctl: export -o - writes the export to standard output", "[daemon][process]") {
+  TempDir dir("perfqctl-export-stdout");
+  Daemon d(dir);
+  const std::string trace = dir.file("t.trace");
+  REQUIRE(ctl(d, {"start", "-o", trace})->exit_code() == 0);
+  REQUIRE(ctl(d, {"stop"})->exit_code() == 0);
+  for (const std::string format : {"perfetto", "chrome-json", "csv"}) {
+    INFO("format " << format);
+    const std::string file = dir.file("out." + format);
+    Child to_file({kBin + "/perfqctl", "export", "-f", format, "-o", file, trace});
+    REQUIRE(to_file.wait(std::chrono::seconds(static_cast<int>(30 * kSlow))));
+    REQUIRE(to_file.exit_code() == 0);
+    Child to_stdout({"/usr/bin/env", "-C", dir.file(""), kBin + "/perfqctl", "export", "-f", format,
+                     "-o", "-", trace});
+    REQUIRE(to_stdout.wait(std::chrono::seconds(static_cast<int>(30 * kSlow))));
+    INFO(to_stdout.err());
+    CHECK(to_stdout.exit_code() == 0);
+    CHECK(!to_stdout.out().empty());
+    CHECK(to_stdout.out() == file_text(file));
+    CHECK(access(dir.file("-").c_str(), F_OK) != 0);
+  }
+  Child ctf({"/usr/bin/env", "-C", dir.file(""), kBin + "/perfqctl", "export", "-f", "ctf", "-o",
+             "-", trace});
+  REQUIRE(ctf.wait(std::chrono::seconds(static_cast<int>(30 * kSlow))));
+  CHECK(ctf.exit_code() == 1);
+  CHECK(ctf.err().find("ctf is a directory") != std::string::npos);
+  CHECK(access(dir.file("-").c_str(), F_OK) != 0);
+}
+
 TEST_CASE("daemon: devices --all lists this machine's PCI bus, devices only perfq's",
           "[daemon][process][pci]") {
   TempDir dir("daemon-pci");

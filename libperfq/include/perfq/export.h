@@ -39,10 +39,10 @@ struct TraceExportSummary {
   uint64_t stop_offset = 0;
 };
 
-// Exports the trace at `in` to `out` (a file; a directory for ctf, created
-// if missing).  Fails on an unreadable input header or any write error.
-// Only what `filter` keeps is exported (perfq/filter.h); `progress`, when
-// set, is called after each chunk.
+// Exports the trace at `in` to `out` (a file, "-" for standard output; a
+// directory for ctf, created if missing, which cannot be "-").  Fails on an
+// unreadable input header or any write error.  Only what `filter` keeps is
+// exported (perfq/filter.h); `progress`, when set, is called after each chunk.
 Result<TraceExportSummary> export_trace(const std::string& in, TraceExportFormat format,
                                         const std::string& out, const TraceFilter& filter = {},
                                         const TraceProgress& progress = {});

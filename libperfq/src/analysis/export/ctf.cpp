@@ -152,6 +152,10 @@ class CtfExport : public TraceVisitor {
 }  // namespace
 
 Status export_ctf(OutFile& file, const std::string& out, const ReadTrace& read) {
+  if (out == "-")
+    return Status(Errc::kInvalidArgument,
+                  "ctf is a directory (metadata and stream_0), not one stream: give -o DIR "
+                  "(standard output, '-', takes perfetto, chrome-json and csv)");
   if (::mkdir(out.c_str(), 0755) != 0 && errno != EEXIST) {
     return Status::from_errno(out + ": create directory");
   }
