@@ -1023,6 +1023,49 @@ TEST_CASE("perfqctl: export -o - writes the export to standard output", "[daemon
   CHECK(access(dir.file("-").c_str(), F_OK) != 0);
 }
 
+// Every JSON document, from the daemon or perfqctl, says its schema version:
+// one integer, the same everywhere.
+TEST_CASE("daemon: JSON replies and --json outputs carry one schema_version", "[daemon][process]") {
+  TempDir dir("daemon-schema");
+  Daemon d(dir);
+  std::set<int> versions;
+  auto version_of = [&](const std::string& what, const std::string& text) {
+    INFO(what << ": " << text);
+    const json j = json::parse(text, nullptr, false);
+    REQUIRE(j.is_object());
+    REQUIRE(j.contains("schema_version"));
+    REQUIRE(j["schema_version"].is_number_integer());
+    versions.insert(j["schema_version"].get<int>());
+  };
+  const std::string t1 = dir.file("a.trace"), t2 = dir.file("b.trace");
+  version_of("start --json", ctl(d, {"start", "-o", t1, "--json"})->out());
+  version_of("status --json", ctl(d, {"status", "--json"})->out());
+  version_of("devices --json", ctl(d, {"devices", "--json"})->out());
+  version_of("stop --json", ctl(d, {"stop", "--json"})->out());
+  version_of("start --duration --json",
+             ctl(d, {"start", "-o", t2, "--duration", "0.2", "--json"})->out());
+  // The lspci -xxx dump of the PCI tests (tests/fixtures), beside this file's folder.
+  const std::string dump =
+      (std::filesystem::path(__FILE__).parent_path().parent_path() / "fixtures/pci-dump.txt")
+          .string();
+  version_of("devices --pci-dump --json", ctl(d, {"devices", "--pci-dump", dump, "--json"})->out());
+  for (const auto& args : std::vector<std::vector<std::string>>{{"report", "--json", t1},
+                                                                {"report", "--json", t1, t2}}) {
+    std::vector<std::string> argv = {kBin + "/perfqctl"};
+    argv.insert(argv.end(), args.begin(), args.end());
+    Child rep(argv);
+    REQUIRE(rep.wait(std::chrono::seconds(static_cast<int>(60 * kSlow))));
+    version_of("report", rep.out());
+  }
+  // Refusals too, and requests that reach the daemon in its own words.
+  Conn c(d.socket);
+  REQUIRE(c.ok());
+  version_of("an unknown command", c.request({{"cmd", "frobnicate"}}).dump());
+  version_of("ping", c.request({{"cmd", "ping"}}).dump());
+  CHECK(versions.size() == 1);
+  CHECK(*versions.begin() >= 1);
+}
+
 TEST_CASE("daemon: devices --all lists this machine's PCI bus, devices only perfq's",
           "[daemon][process][pci]") {
   TempDir dir("daemon-pci");

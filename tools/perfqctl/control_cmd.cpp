@@ -20,6 +20,7 @@
 
 #include "app/json_lines.h"
 #include "commands.h"
+#include "core/json_schema.h"
 #include "host/pci_scan.h"
 #include "perfq/pci.h"
 
@@ -439,9 +440,12 @@ int run_devices_dump(const Common& o, const DevicesOptions& opt) {
   if (o.json_out) {
     json list = json::array();
     for (const auto& d : scan->devices) list.push_back(perfq::pci_device_to_json(d));
-    std::printf(
-        "%s\n",
-        json{{"ok", true}, {"pci_dump", opt.pci_dump}, {"pci_devices", list}}.dump().c_str());
+    std::printf("%s\n", json{{"ok", true},
+                             {"schema_version", perfq::kJsonSchemaVersion},
+                             {"pci_dump", opt.pci_dump},
+                             {"pci_devices", list}}
+                            .dump()
+                            .c_str());
     return kExitOk;
   }
   return print_pci(scan->devices, true);
