@@ -993,12 +993,20 @@ TEST_CASE("perfqctl: usage errors say what is wrong and what would be right", "[
 }
 
 // export -o - writes to standard output what -o FILE writes to the file,
-// for every one-file format, and leaves no file named '-'.
+// for every format (ctf's directory as a tar), and leaves no file named '-'.
 TEST_CASE("perfqctl: export -o - writes the export to standard output", "[daemon][process]") {
   TempDir dir("perfqctl-export-stdout");
+  TempShm shm("perfqctl-export-stdout");
+  // A trace with records: a device's, for half a second.
+  Child dev({kBin + "/perfq-devsim", "--region", shm.path(), "--create", "--workers", "1", "--rate",
+             "2000", "--job-workers", "0", "--duration", "0.5", "--wait-host"});
+  REQUIRE(dev.started());
+  REQUIRE(
+      wait_for([&] { return access(shm.path().c_str(), F_OK) == 0; }, std::chrono::seconds(10)));
   Daemon d(dir);
   const std::string trace = dir.file("t.trace");
-  REQUIRE(ctl(d, {"start", "-o", trace})->exit_code() == 0);
+  REQUIRE(ctl(d, {"start", "-o", trace, "--device", "shm:" + shm.path()})->exit_code() == 0);
+  REQUIRE(dev.wait(std::chrono::seconds(static_cast<int>(30 * kSlow))));
   REQUIRE(ctl(d, {"stop"})->exit_code() == 0);
   for (const std::string format : {"perfetto", "chrome-json", "csv"}) {
     INFO("format " << format);
@@ -1015,12 +1023,24 @@ TEST_CASE("perfqctl: export -o - writes the export to standard output", "[daemon
     CHECK(to_stdout.out() == file_text(file));
     CHECK(access(dir.file("-").c_str(), F_OK) != 0);
   }
+  // ctf, a directory: as a tar archive of it, which unpacks to the same files.
+  Child ctf_dir({kBin + "/perfqctl", "export", "-f", "ctf", "-o", dir.file("ctf-dir"), trace});
+  REQUIRE(ctf_dir.wait(std::chrono::seconds(static_cast<int>(30 * kSlow))));
+  REQUIRE(ctf_dir.exit_code() == 0);
   Child ctf({"/usr/bin/env", "-C", dir.file(""), kBin + "/perfqctl", "export", "-f", "ctf", "-o",
              "-", trace});
   REQUIRE(ctf.wait(std::chrono::seconds(static_cast<int>(30 * kSlow))));
-  CHECK(ctf.exit_code() == 1);
-  CHECK(ctf.err().find("ctf is a directory") != std::string::npos);
+  INFO(ctf.err());
+  CHECK(ctf.exit_code() == 0);
   CHECK(access(dir.file("-").c_str(), F_OK) != 0);
+  std::ofstream(dir.file("ctf.tar"), std::ios::binary) << ctf.out();
+  REQUIRE(std::filesystem::create_directory(dir.file("unpacked")));
+  REQUIRE(sh("tar -x -C " + dir.file("unpacked") + " -f " + dir.file("ctf.tar")) == 0);
+  for (const std::string f : {"metadata", "stream_0"}) {
+    INFO(f);
+    CHECK(!file_text(dir.file("ctf-dir/" + f)).empty());
+    CHECK(file_text(dir.file("unpacked/ctf/" + f)) == file_text(dir.file("ctf-dir/" + f)));
+  }
 }
 
 // Every JSON document, from the daemon or perfqctl, says its schema version:

@@ -24,7 +24,7 @@ void add_export_command(CLI::App& app, int& exit_code) {
       ->required()
       ->check(CLI::IsMember({"perfetto", "chrome-json", "ctf", "csv"}));
   sub->add_option("-o,--output", args->out,
-                  "output file, - for standard output (a directory for ctf)")
+                  "output file, - for standard output (for ctf a directory, or - for a tar of it)")
       ->required();
   add_filter_options(*sub, args->filter);
   sub->callback([args, &exit_code] {
