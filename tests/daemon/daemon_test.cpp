@@ -959,6 +959,12 @@ TEST_CASE("perfqctl: usage errors say what is wrong and what would be right", "[
   CHECK(far->err().find("unknown command 'frobnicate' (commands: start, stop") !=
         std::string::npos);
   CHECK(far->err().find("did you mean") == std::string::npos);
+  auto none = run({});
+  CHECK(none->exit_code() == 2);
+  CHECK(none->err().find("a command is required (commands: start, stop") != std::string::npos);
+  auto missing = run({"record"});  // a command's own required option is still named
+  CHECK(missing->exit_code() == 2);
+  CHECK(missing->err().find("--device is required") != std::string::npos);
 
   for (const std::string cmd : {"start", "record"}) {
     auto neg = run({cmd, "--device", "shm:/nowhere", "--duration", "-3"});

@@ -71,12 +71,11 @@ std::string unknown_command(CLI::App& app, int argc, char** argv) {
     break;
   }
   if (word.empty()) return "";
-  std::string names, best;
+  std::string best;
   size_t best_distance = 0;
   for (const CLI::App* sub : app.get_subcommands([](CLI::App*) { return true; })) {
     const std::string& name = sub->get_name();
     if (name == word) return "";
-    names += (names.empty() ? "" : ", ") + name;
     const size_t dist = edit_distance(word, name);
     if (best.empty() || dist < best_distance) {
       best = name;
@@ -87,7 +86,14 @@ std::string unknown_command(CLI::App& app, int argc, char** argv) {
   // Close enough to be a slip: at most two edits, and fewer than half the word.
   if (!best.empty() && best_distance <= 2 && 2 * best_distance < word.size())
     msg += "; did you mean '" + best + "'?";
-  return msg + " (commands: " + names + ")";
+  return msg + " (commands: " + command_names(app) + ")";
+}
+
+std::string command_names(CLI::App& app) {
+  std::string names;
+  for (const CLI::App* sub : app.get_subcommands([](CLI::App*) { return true; }))
+    names += (names.empty() ? "" : ", ") + sub->get_name();
+  return names;
 }
 
 }  // namespace perfqctl

@@ -40,6 +40,8 @@ CLI::Validator duration_check();
 // When argv's command is none of app's: "unknown command 'X'; did you mean
 // 'Y'? (commands: ...)"; else "".
 std::string unknown_command(CLI::App& app, int argc, char** argv);
+// app's commands: "start, stop, ...".
+std::string command_names(CLI::App& app);
 
 void add_report_command(CLI::App& app, int& exit_code);
 void add_export_command(CLI::App& app, int& exit_code);

@@ -30,6 +30,13 @@ int main(int argc, char** argv) {
     return app.exit(e);
   } catch (const CLI::CallForAllHelp& e) {
     return app.exit(e);
+  } catch (const CLI::RequiredError& e) {
+    if (app.get_subcommands().empty())  // no command at all
+      std::fprintf(stderr, "perfqctl: a command is required (commands: %s; see perfqctl --help)\n",
+                   perfqctl::command_names(app).c_str());
+    else
+      std::fprintf(stderr, "perfqctl: %s (see perfqctl --help)\n", e.what());
+    return perfqctl::kExitUsage;
   } catch (const CLI::ParseError& e) {
     std::fprintf(stderr, "perfqctl: %s (see perfqctl --help)\n", e.what());
     return perfqctl::kExitUsage;
