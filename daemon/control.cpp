@@ -1,6 +1,7 @@
 #include "control.h"
 
 #include "app/json_lines.h"
+#include "core/json_schema.h"
 
 #include <poll.h>
 #include <pthread.h>
@@ -34,7 +35,9 @@ bool send_line(int fd, const json& j, int timeout_ms = kReplyDeadlineMs) {
   return s.is_ok();
 }
 
-json error(const std::string& msg) { return {{"ok", false}, {"error", msg}}; }
+json error(const std::string& msg) {
+  return {{"ok", false}, {"error", msg}, {"schema_version", kJsonSchemaVersion}};
+}
 
 Peer peer_of(int fd) {
   Peer p;
@@ -253,7 +256,9 @@ void ControlServer::serve(UniqueFd conn, const Peer& peer) {
       return;  // the connection now belongs to HostApps (or was closed)
     }
     first = false;
-    auto progress = [&](const json& p) { send_line(conn.get(), json{{"progress", p}}); };
+    auto progress = [&](const json& p) {
+      send_line(conn.get(), json{{"progress", p}, {"schema_version", kJsonSchemaVersion}});
+    };
     json reply = daemon_.handle(req, peer, progress);
     if (req["cmd"] == "status" && reply.value("ok", false)) reply["daemon"]["control"] = stats();
     if (!send_line(conn.get(), reply)) return;

@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <filesystem>
 
+#include "core/json_schema.h"
 #include "device/device.h"
 #include "device/device_clock.h"
 #include "host/pci_scan.h"
@@ -90,6 +91,9 @@ std::string parse_start(const json& req, const DaemonConfig& c, RecordingOptions
     return std::string("output must not contain a NUL byte (a path ends at the first one)");
   if (o.output.empty() || o.output[0] != '/')
     return std::string("output '" + o.output + "' must be an absolute path");
+  if (req.contains("force") && !req["force"].is_boolean())
+    return std::string("\"force\" (replace an existing output) must be true or false");
+  o.force = req.value("force", false);
   if (req.contains("devices")) {
     if (!req["devices"].is_array())
       return "devices must be an array of strings (shm:PATH or /dev/perfqN), not " +
@@ -114,7 +118,9 @@ std::string parse_start(const json& req, const DaemonConfig& c, RecordingOptions
   if (mode != "a" && mode != "b") return std::string("sync_mode must be \"a\" or \"b\"");
   o.sync_mode = mode == "b" ? PERFQ_SYNC_MODE_B : PERFQ_SYNC_MODE_A;
   o.duration_s = req.value("duration_s", 0.0);
-  if (o.duration_s < 0 || o.duration_s > 1e7) return "duration_s must be within 0..1e7 seconds";
+  if (!(o.duration_s >= 0 && o.duration_s <= kMaxDurationS))
+    return "duration_s must be within 0.." + std::to_string(static_cast<long>(kMaxDurationS)) +
+           " seconds (0: until stopped)";
   return parse_kernel_request(req, o.kernel);
 }
 
@@ -205,6 +211,13 @@ Status Daemon::adopt_app(UniqueFd fd, const json& hello, const Peer& peer) {
 }
 
 json Daemon::handle(const json& req, const Peer& peer,
+                    const std::function<void(const json&)>& progress) {
+  json reply = answer(req, peer, progress);
+  reply["schema_version"] = kJsonSchemaVersion;
+  return reply;
+}
+
+json Daemon::answer(const json& req, const Peer& peer,
                     const std::function<void(const json&)>& progress) {
   const std::string cmd = req.value("cmd", "");
   try {

@@ -32,8 +32,14 @@ std::string parse(int argc, char** argv, DaemonConfig& c, bool* exit_now, int* e
       "perfq-daemon: records PCIe devices and instrumented applications into merged, "
       "clock-synchronized traces; driven by `perfqctl start/stop/status/devices`"};
   add_config_options(app, c);
+  app.set_version_flag("--version", "perfq-daemon " PERFQ_VERSION_STRING,
+                       "Print perfq-daemon's version and exit");
   try {
     app.parse(argc, argv);
+  } catch (const CLI::CallForVersion& e) {
+    *exit_now = true;
+    *exit_code = app.exit(e);
+    return "";
   } catch (const CLI::CallForHelp& e) {
     *exit_now = true;
     *exit_code = app.exit(e);

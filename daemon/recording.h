@@ -39,8 +39,12 @@
 
 namespace perfqd {
 
+// The longest recording a duration may ask for, in seconds (about 4 months).
+inline constexpr double kMaxDurationS = 1e7;
+
 struct RecordingOptions {
   std::string output;                // absolute path of the trace file
+  bool force = false;                // replace an existing file at output (else refused)
   std::vector<std::string> devices;  // transport specs
   unsigned sync_interval_ms = 100;
   perfq_sync_mode sync_mode = PERFQ_SYNC_MODE_A;

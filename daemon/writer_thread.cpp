@@ -32,18 +32,24 @@ constexpr size_t kWriteBatch = 65536;      // records the writer takes from the 
 constexpr int64_t kFlushNs = 100'000'000;  // released records reach the file within this
 
 // Open (create) the trace file with the requesting user's file-system
-// identity, so that a root daemon never writes where that user may not.
+// identity, so that a root daemon never writes where that user may not.  An
+// existing file is replaced only with `force`: the refusal is decided as the
+// file is created (O_EXCL), never by a check before it.
 Result<TraceWriter> open_as(const RecordingOptions& o, const TraceMetadata& meta) {
   const bool switch_id = geteuid() == 0 && o.owner_uid != 0;
   if (switch_id) {
     setfsgid(o.owner_gid);
     setfsuid(o.owner_uid);
   }
-  auto w = TraceWriter::open(o.output, meta, o.writer);
+  TraceWriterOptions wo = o.writer;
+  wo.replace = o.force;
+  auto w = TraceWriter::open(o.output, meta, wo);
   if (switch_id) {
     setfsuid(0);
     setfsgid(0);
   }
+  if (!w && w.status().code() == Errc::kExists)
+    return Status(Errc::kExists, o.output + " exists; not replacing it (--force overwrites it)");
   return w;
 }
 

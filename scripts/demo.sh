@@ -55,9 +55,9 @@ done
 # Host kernel events too (BPF: needs root; otherwise perfqctl says so and
 # the recording goes on without them): the app's threads' switches and
 # syscalls, and a uprobe on the function it submits jobs through.
-step "perfqctl start -o $TRACE --kernel-events sched,syscalls --uprobe perfq-demo-app:perfq_demo_submit"
-rm -f "$TRACE"
-"$BIN/perfqctl" --socket "$SOCKET" start -o "$TRACE" --kernel-events sched,syscalls \
+# --force: the trace of an earlier run of the demo is replaced.
+step "perfqctl start -o $TRACE --force --kernel-events sched,syscalls --uprobe perfq-demo-app:perfq_demo_submit"
+"$BIN/perfqctl" --socket "$SOCKET" start -o "$TRACE" --force --kernel-events sched,syscalls \
   --uprobe "$BIN/perfq-demo-app:perfq_demo_submit"
 
 step "running the demo application: jobs from two host threads (a few seconds)"

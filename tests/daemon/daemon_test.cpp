@@ -423,6 +423,41 @@ TEST_CASE("daemon: records a device dropped are counted once, as the device coun
   CHECK(rj["lost"]["device"].get<uint64_t>() == dropped);
 }
 
+// perfqctl start --duration on a terminal: its live line shows what the
+// device loses as it happens, not only in the summary at the end.
+TEST_CASE("daemon: start --duration shows the device's losses as they happen",
+          "[daemon][process]") {
+  REQUIRE(access("/usr/bin/script", X_OK) == 0);  // script(1) gives perfqctl a terminal
+  TempDir dir("daemon-live-loss");
+  TempShm shm("daemon-live-loss");
+  // A ring of 64 records the drain cannot keep empty at this rate: losses.
+  Child dev({kBin + "/perfq-devsim", "--region", shm.path(), "--create", "--ring-records", "64",
+             "--queue-records", "256", "--workers", "2", "--job-workers", "0", "--rate", "400000",
+             "--duration", std::to_string(6 * kSlow), "--wait-host"});
+  REQUIRE(dev.started());
+  REQUIRE(
+      wait_for([&] { return access(shm.path().c_str(), F_OK) == 0; }, std::chrono::seconds(10)));
+  Daemon d(dir);
+  // Long enough that a busy machine's first sync round (which starts the
+  // device's workers) leaves seconds of losses to show.
+  const std::string cmd = kBin + "/perfqctl --socket " + d.socket + " start -o " +
+                          dir.file("live.trace") + " --device shm:" + shm.path() +
+                          " --duration 4 --json";
+  // script(1): perfqctl's stderr is a terminal, whose output script copies.
+  Child term({"/usr/bin/script", "-q", "-e", "-c", cmd, "/dev/null"});
+  REQUIRE(term.started());
+  REQUIRE(term.wait(std::chrono::seconds(static_cast<int>(60 * kSlow))));
+  INFO("on the terminal: " << term.out() << term.err());
+  CHECK(term.exit_code() == 0);
+  const std::string shown = term.out();
+  const std::regex live(R"(recording \S+: [0-9.]+ / 4\.0 s, (\d+) records, (\d+) lost by devices)");
+  uint64_t most = 0;
+  for (auto it = std::sregex_iterator(shown.begin(), shown.end(), live);
+       it != std::sregex_iterator(); ++it)
+    most = std::max<uint64_t>(most, std::stoull((*it)[2].str()));
+  CHECK(most > 0);
+}
+
 // A writer that cannot write (its output is a pipe nobody reads for a
 // while): the merge holds at most its cap of records for it, the drain
 // leaves the rest in the device's ring, whose overflow the device counts,
@@ -453,7 +488,8 @@ TEST_CASE(
   REQUIRE(wait_for([&] { return dev.err().find("running on") != std::string::npos; },
                    std::chrono::seconds(static_cast<int>(10 * kSlow))));
   Daemon d(dir);
-  auto st = ctl(d, {"start", "-o", fifo, "--device", "shm:" + shm.path()});
+  // The fifo exists: only --force has the daemon open it.
+  auto st = ctl(d, {"start", "-o", fifo, "--force", "--device", "shm:" + shm.path()});
   INFO("start: " << st->out() << st->err() << "\ndaemon: " << d.proc->err());
   REQUIRE(st->exit_code() == 0);
   auto status = [&] {
@@ -1181,6 +1217,263 @@ TEST_CASE("daemon: clear errors for a second start, a stop with nothing running,
   REQUIRE(none.wait(std::chrono::seconds(10)));
   CHECK(none.exit_code() == 1);
   CHECK(none.err().find("is it running") != std::string::npos);
+}
+
+std::string file_text(const std::string& path) {
+  std::ifstream f(path);
+  return std::string((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+}
+
+// The trace files named perfq-YYYYMMDD-HHMMSS.trace in dir.
+std::vector<std::string> timestamped_traces(const std::string& dir) {
+  std::vector<std::string> found;
+  for (const auto& e : std::filesystem::directory_iterator(dir))
+    if (std::regex_match(e.path().filename().string(), std::regex(R"(perfq-\d{8}-\d{6}\.trace)")))
+      found.push_back(e.path().string());
+  return found;
+}
+
+// perfqctl start and record never replace a file unless told to (the daemon
+// decides as it creates the file), and without -o they name the trace by
+// the time, in the current directory.
+TEST_CASE(
+    "daemon: start and record keep an existing trace unless --force and name a new one by the time",
+    "[daemon][process]") {
+  TempDir dir("daemon-force");
+  Daemon d(dir);
+  const std::string kept = dir.file("kept.trace");
+  std::ofstream(kept) << "an earlier trace";
+
+  auto refused = ctl(d, {"start", "-o", kept});
+  INFO("start over an existing file: " << refused->out() << refused->err());
+  CHECK(refused->exit_code() == 1);
+  CHECK(refused->err().find(kept + " exists") != std::string::npos);
+  CHECK(refused->err().find("--force overwrites it") != std::string::npos);
+  CHECK(file_text(kept) == "an earlier trace");
+  // A relative -o names the same file, from perfqctl's directory.
+  auto relative = ctl(d, {"start", "-o", "kept.trace"}, {"/usr/bin/env", "-C", dir.file("")});
+  CHECK(relative->exit_code() == 1);
+  CHECK(file_text(kept) == "an earlier trace");
+  // The request's force must be a boolean.
+  Conn c(d.socket);
+  REQUIRE(c.ok());
+  const json bad = c.request({{"cmd", "start"}, {"output", kept}, {"force", "yes"}});
+  CHECK(bad["ok"] == false);
+  CHECK(bad["error"].get<std::string>().find("force") != std::string::npos);
+
+  auto forced = ctl(d, {"start", "-o", kept, "--force"});
+  INFO("start --force: " << forced->err());
+  REQUIRE(forced->exit_code() == 0);
+  REQUIRE(ctl(d, {"stop"})->exit_code() == 0);
+  bool clean = false;
+  read_trace(kept, &clean);
+  CHECK(clean);
+
+  // No -o: perfq-YYYYMMDD-HHMMSS.trace in the current directory, said so.
+  TempDir here("daemon-force-here");
+  auto named = ctl(d, {"start"}, {"/usr/bin/env", "-C", here.file("")});
+  INFO("start without -o: " << named->out() << named->err());
+  REQUIRE(named->exit_code() == 0);
+  std::smatch m;
+  const std::string said = named->err();
+  REQUIRE(std::regex_search(said, m, std::regex(R"(no -o given: the trace is (\S+))")));
+  CHECK(named->out().find("recording to " + m[1].str()) != std::string::npos);
+  REQUIRE(ctl(d, {"stop"})->exit_code() == 0);
+  const auto traces = timestamped_traces(here.file(""));
+  REQUIRE(traces.size() == 1);
+  CHECK(std::filesystem::equivalent(traces[0], m[1].str()));
+  read_trace(traces[0], &clean);
+  CHECK(clean);
+
+  // perfqctl record, the same way (its device must run).
+  TempShm shm("daemon-force");
+  Child dev({kBin + "/perfq-devsim", "--region", shm.path(), "--create", "--workers", "1", "--rate",
+             "2000", "--job-workers", "0"});
+  REQUIRE(dev.started());
+  REQUIRE(wait_for([&] { return dev.err().find("running on") != std::string::npos; },
+                   std::chrono::seconds(static_cast<int>(10 * kSlow))));
+  const std::string spec = "shm:" + shm.path();
+  const std::string rec_kept = dir.file("rec-kept.trace");
+  std::ofstream(rec_kept) << "an earlier recording";
+  Child rec({kBin + "/perfqctl", "record", "--device", spec, "-o", rec_kept});
+  REQUIRE(rec.wait(std::chrono::seconds(static_cast<int>(30 * kSlow))));
+  INFO("record over an existing file: " << rec.err());
+  CHECK(rec.exit_code() == 1);
+  CHECK(rec.err().find(rec_kept + " exists") != std::string::npos);
+  CHECK(rec.err().find("--force overwrites it") != std::string::npos);
+  CHECK(file_text(rec_kept) == "an earlier recording");
+  Child rec_forced({kBin + "/perfqctl", "record", "--device", spec, "-o", rec_kept, "--force",
+                    "--duration", "0.5"});
+  REQUIRE(rec_forced.wait(std::chrono::seconds(static_cast<int>(30 * kSlow))));
+  INFO("record --force: " << rec_forced.err());
+  CHECK(rec_forced.exit_code() == 0);
+  read_trace(rec_kept, &clean);
+  CHECK(clean);
+  TempDir rec_here("daemon-force-rec");
+  Child rec_named({"/usr/bin/env", "-C", rec_here.file(""), kBin + "/perfqctl", "record",
+                   "--device", spec, "--duration", "0.5"});
+  REQUIRE(rec_named.wait(std::chrono::seconds(static_cast<int>(30 * kSlow))));
+  INFO("record without -o: " << rec_named.out() << rec_named.err());
+  CHECK(rec_named.exit_code() == 0);
+  CHECK(rec_named.err().find("no -o given: the trace is " + rec_here.file("perfq-")) !=
+        std::string::npos);
+  const auto rec_traces = timestamped_traces(rec_here.file(""));
+  REQUIRE(rec_traces.size() == 1);
+  read_trace(rec_traces[0], &clean);
+  CHECK(clean);
+}
+
+// What a user meets on the command line: an unknown command named with its
+// nearest match, a duration's range in words, the version, the two device
+// forms in help and errors alike.
+TEST_CASE("perfqctl: usage errors say what is wrong and what would be right", "[daemon][process]") {
+  auto run = [](std::vector<std::string> args) {
+    args.insert(args.begin(), kBin + "/perfqctl");
+    auto c = std::make_unique<Child>(args);
+    REQUIRE(c->started());
+    REQUIRE(c->wait(std::chrono::seconds(static_cast<int>(30 * kSlow))));
+    return c;
+  };
+  auto typo = run({"reprot", "x"});
+  INFO("reprot: " << typo->err());
+  CHECK(typo->exit_code() == 2);
+  CHECK(typo->err().find("unknown command 'reprot'; did you mean 'report'?") != std::string::npos);
+  auto far = run({"--socket", "/nowhere", "frobnicate"});
+  CHECK(far->exit_code() == 2);
+  CHECK(far->err().find("unknown command 'frobnicate' (commands: start, stop") !=
+        std::string::npos);
+  CHECK(far->err().find("did you mean") == std::string::npos);
+  auto none = run({});
+  CHECK(none->exit_code() == 2);
+  CHECK(none->err().find("a command is required (commands: start, stop") != std::string::npos);
+  auto missing = run({"record"});  // a command's own required option is still named
+  CHECK(missing->exit_code() == 2);
+  CHECK(missing->err().find("--device is required") != std::string::npos);
+
+  for (const std::string cmd : {"start", "record"}) {
+    auto neg = run({cmd, "--device", "shm:/nowhere", "--duration", "-3"});
+    INFO(cmd << " --duration -3: " << neg->err());
+    CHECK(neg->exit_code() == 2);
+    CHECK(neg->err().find("'-3' is not a duration: give seconds from 0 to 10000000") !=
+          std::string::npos);
+    CHECK(neg->err().size() < 200);  // no range ending in a 300-digit number
+  }
+
+  TempDir dir("perfqctl-usage");
+  Daemon d(dir);
+  auto version = run({"--version"});
+  CHECK(version->exit_code() == 0);
+  std::smatch m;
+  const std::string said = version->out();
+  REQUIRE(std::regex_match(said, m, std::regex(R"(perfqctl (\d+\.\d+\.\d+)\n)")));
+  Child daemon_version({kBin + "/perfq-daemon", "--version"});
+  REQUIRE(daemon_version.wait(std::chrono::seconds(10)));
+  CHECK(daemon_version.exit_code() == 0);
+  CHECK(daemon_version.out() == "perfq-daemon " + m[1].str() + "\n");
+  const json status = json::parse(ctl(d, {"status", "--json"})->out());
+  CHECK(status["daemon"]["version"] == m[1].str());
+
+  // record: its help and its errors name the same two device forms.
+  auto help = run({"record", "--help"});
+  CHECK(help->out().find("shm:PATH") != std::string::npos);
+  CHECK(help->out().find("/dev/perfqN") != std::string::npos);
+  auto bad = run({"record", "--device", dir.file("not-a-spec")});
+  CHECK(bad->exit_code() == 1);
+  CHECK(bad->err().find("is not shm:PATH or /dev/perfqN") != std::string::npos);
+}
+
+// export -o - writes to standard output what -o FILE writes to the file,
+// for every format (ctf's directory as a tar), and leaves no file named '-'.
+TEST_CASE("perfqctl: export -o - writes the export to standard output", "[daemon][process]") {
+  TempDir dir("perfqctl-export-stdout");
+  TempShm shm("perfqctl-export-stdout");
+  // A trace with records: a device's, for half a second.
+  Child dev({kBin + "/perfq-devsim", "--region", shm.path(), "--create", "--workers", "1", "--rate",
+             "2000", "--job-workers", "0", "--duration", "0.5", "--wait-host"});
+  REQUIRE(dev.started());
+  REQUIRE(
+      wait_for([&] { return access(shm.path().c_str(), F_OK) == 0; }, std::chrono::seconds(10)));
+  Daemon d(dir);
+  const std::string trace = dir.file("t.trace");
+  REQUIRE(ctl(d, {"start", "-o", trace, "--device", "shm:" + shm.path()})->exit_code() == 0);
+  REQUIRE(dev.wait(std::chrono::seconds(static_cast<int>(30 * kSlow))));
+  REQUIRE(ctl(d, {"stop"})->exit_code() == 0);
+  for (const std::string format : {"perfetto", "chrome-json", "csv"}) {
+    INFO("format " << format);
+    const std::string file = dir.file("out." + format);
+    Child to_file({kBin + "/perfqctl", "export", "-f", format, "-o", file, trace});
+    REQUIRE(to_file.wait(std::chrono::seconds(static_cast<int>(30 * kSlow))));
+    REQUIRE(to_file.exit_code() == 0);
+    Child to_stdout({"/usr/bin/env", "-C", dir.file(""), kBin + "/perfqctl", "export", "-f", format,
+                     "-o", "-", trace});
+    REQUIRE(to_stdout.wait(std::chrono::seconds(static_cast<int>(30 * kSlow))));
+    INFO(to_stdout.err());
+    CHECK(to_stdout.exit_code() == 0);
+    CHECK(!to_stdout.out().empty());
+    CHECK(to_stdout.out() == file_text(file));
+    CHECK(access(dir.file("-").c_str(), F_OK) != 0);
+  }
+  // ctf, a directory: as a tar archive of it, which unpacks to the same files.
+  Child ctf_dir({kBin + "/perfqctl", "export", "-f", "ctf", "-o", dir.file("ctf-dir"), trace});
+  REQUIRE(ctf_dir.wait(std::chrono::seconds(static_cast<int>(30 * kSlow))));
+  REQUIRE(ctf_dir.exit_code() == 0);
+  Child ctf({"/usr/bin/env", "-C", dir.file(""), kBin + "/perfqctl", "export", "-f", "ctf", "-o",
+             "-", trace});
+  REQUIRE(ctf.wait(std::chrono::seconds(static_cast<int>(30 * kSlow))));
+  INFO(ctf.err());
+  CHECK(ctf.exit_code() == 0);
+  CHECK(access(dir.file("-").c_str(), F_OK) != 0);
+  std::ofstream(dir.file("ctf.tar"), std::ios::binary) << ctf.out();
+  REQUIRE(std::filesystem::create_directory(dir.file("unpacked")));
+  REQUIRE(sh("tar -x -C " + dir.file("unpacked") + " -f " + dir.file("ctf.tar")) == 0);
+  for (const std::string f : {"metadata", "stream_0"}) {
+    INFO(f);
+    CHECK(!file_text(dir.file("ctf-dir/" + f)).empty());
+    CHECK(file_text(dir.file("unpacked/ctf/" + f)) == file_text(dir.file("ctf-dir/" + f)));
+  }
+}
+
+// Every JSON document, from the daemon or perfqctl, says its schema version:
+// one integer, the same everywhere.
+TEST_CASE("daemon: JSON replies and --json outputs carry one schema_version", "[daemon][process]") {
+  TempDir dir("daemon-schema");
+  Daemon d(dir);
+  std::set<int> versions;
+  auto version_of = [&](const std::string& what, const std::string& text) {
+    INFO(what << ": " << text);
+    const json j = json::parse(text, nullptr, false);
+    REQUIRE(j.is_object());
+    REQUIRE(j.contains("schema_version"));
+    REQUIRE(j["schema_version"].is_number_integer());
+    versions.insert(j["schema_version"].get<int>());
+  };
+  const std::string t1 = dir.file("a.trace"), t2 = dir.file("b.trace");
+  version_of("start --json", ctl(d, {"start", "-o", t1, "--json"})->out());
+  version_of("status --json", ctl(d, {"status", "--json"})->out());
+  version_of("devices --json", ctl(d, {"devices", "--json"})->out());
+  version_of("stop --json", ctl(d, {"stop", "--json"})->out());
+  version_of("start --duration --json",
+             ctl(d, {"start", "-o", t2, "--duration", "0.2", "--json"})->out());
+  // The lspci -xxx dump of the PCI tests (tests/fixtures), beside this file's folder.
+  const std::string dump =
+      (std::filesystem::path(__FILE__).parent_path().parent_path() / "fixtures/pci-dump.txt")
+          .string();
+  version_of("devices --pci-dump --json", ctl(d, {"devices", "--pci-dump", dump, "--json"})->out());
+  for (const auto& args : std::vector<std::vector<std::string>>{{"report", "--json", t1},
+                                                                {"report", "--json", t1, t2}}) {
+    std::vector<std::string> argv = {kBin + "/perfqctl"};
+    argv.insert(argv.end(), args.begin(), args.end());
+    Child rep(argv);
+    REQUIRE(rep.wait(std::chrono::seconds(static_cast<int>(60 * kSlow))));
+    version_of("report", rep.out());
+  }
+  // Refusals too, and requests that reach the daemon in its own words.
+  Conn c(d.socket);
+  REQUIRE(c.ok());
+  version_of("an unknown command", c.request({{"cmd", "frobnicate"}}).dump());
+  version_of("ping", c.request({{"cmd", "ping"}}).dump());
+  CHECK(versions.size() == 1);
+  CHECK(*versions.begin() >= 1);
 }
 
 TEST_CASE("daemon: devices --all lists this machine's PCI bus, devices only perfq's",

@@ -20,6 +20,7 @@
 
 #include "app/json_lines.h"
 #include "commands.h"
+#include "core/json_schema.h"
 #include "host/pci_scan.h"
 #include "perfq/pci.h"
 
@@ -209,7 +210,8 @@ int do_stop(Client& c, const Common& o, const char* cmd) {
 }
 
 struct StartOptions {
-  std::string output = "perfq.trace";
+  std::string output;  // default_trace_name() when empty
+  bool force = false;  // replace an existing output file
   std::vector<std::string> devices;
   double duration = 0;
   unsigned sync_interval_ms = 0;
@@ -223,10 +225,12 @@ struct StartOptions {
 int run_start(const Common& o, const StartOptions& s) {
   Client c;
   if (auto e = c.connect(o.socket); !e.empty()) return fail("start", e);
+  const std::string output = s.output.empty() ? default_trace_name() : s.output;
   std::error_code ec;
-  const auto out = std::filesystem::absolute(s.output, ec);
-  if (ec) return fail("start", "bad output path " + s.output + ": " + ec.message());
-  json req = {{"cmd", "start"}, {"output", out.lexically_normal().string()}};
+  const auto out = std::filesystem::absolute(output, ec);
+  if (ec) return fail("start", "bad output path " + output + ": " + ec.message());
+  // The daemon creates the file, and refuses one that exists unless forced.
+  json req = {{"cmd", "start"}, {"output", out.lexically_normal().string()}, {"force", s.force}};
   if (!s.devices.empty()) req["devices"] = s.devices;
   if (s.duration > 0) req["duration_s"] = s.duration;
   if (s.sync_interval_ms) req["sync_interval_ms"] = s.sync_interval_ms;
@@ -246,6 +250,9 @@ int run_start(const Common& o, const StartOptions& s) {
   if (!uprobes.empty()) req["uprobes"] = uprobes;
   json r = c.request(req);
   if (!r.value("ok", false)) return fail("start", r.value("error", "failed"));
+  if (s.output.empty())
+    std::fprintf(stderr, "perfqctl start: no -o given: the trace is %s\n",
+                 r.value("output", "").c_str());
   if (r.contains("warnings") && !o.json_out)
     for (const auto& w : r["warnings"])
       if (w.is_string())
@@ -263,19 +270,24 @@ int run_start(const Common& o, const StartOptions& s) {
   // terminal; Ctrl-C stops it early (the trace is still complete).
   signal(SIGINT, on_sigint);
   const bool tty = isatty(2);
-  const std::string output = r.value("output", "");
+  const std::string recording = r.value("output", "");
   while (!g_interrupted) {
     std::this_thread::sleep_for(std::chrono::milliseconds(200));
     json st = c.request({{"cmd", "status"}});
     if (!st.value("ok", false)) return fail("start", st.value("error", "status failed"));
     const json& rec = st["recording"];
-    if (rec.is_null() || rec.value("output", "") != output) break;
-    if (tty)
-      std::fprintf(stderr, "\rrecording %s: %.1f / %.1f s, %llu records   ", output.c_str(),
-                   dbl(rec, "elapsed_s"), s.duration,
-                   static_cast<unsigned long long>(u64(rec, "records")));
+    if (rec.is_null() || rec.value("output", "") != recording) break;
+    if (!tty) continue;
+    // What the devices lost (their queues overflowed, or the drain fell
+    // behind), as status counts it.
+    uint64_t lost = 0;
+    for (const auto& dev : rec.value("devices", json::array())) lost += u64(dev, "lost");
+    std::fprintf(stderr, "\rrecording %s: %.1f / %.1f s, %llu records, %llu lost by devices\033[K",
+                 recording.c_str(), dbl(rec, "elapsed_s"), s.duration,
+                 static_cast<unsigned long long>(u64(rec, "records")),
+                 static_cast<unsigned long long>(lost));
   }
-  if (tty) std::fprintf(stderr, "\r%70s\r", "");
+  if (tty) std::fprintf(stderr, "\r\033[K");
   // Collect the summary (this also stops it early after Ctrl-C).
   return do_stop(c, o, "start");
 }
@@ -437,9 +449,12 @@ int run_devices_dump(const Common& o, const DevicesOptions& opt) {
   if (o.json_out) {
     json list = json::array();
     for (const auto& d : scan->devices) list.push_back(perfq::pci_device_to_json(d));
-    std::printf(
-        "%s\n",
-        json{{"ok", true}, {"pci_dump", opt.pci_dump}, {"pci_devices", list}}.dump().c_str());
+    std::printf("%s\n", json{{"ok", true},
+                             {"schema_version", perfq::kJsonSchemaVersion},
+                             {"pci_dump", opt.pci_dump},
+                             {"pci_devices", list}}
+                            .dump()
+                            .c_str());
     return kExitOk;
   }
   return print_pci(scan->devices, true);
@@ -516,15 +531,16 @@ void add_control_commands(CLI::App& app, int& exit_code) {
       "Start a recording in perfq-daemon: its devices and every instrumented application, "
       "merged into one trace file. With --duration, waits for it to end (progress on a "
       "terminal, Ctrl-C stops early) and prints the summary; otherwise returns at once.");
-  start->add_option("-o,--output", s->output, "Trace file (created by the daemon as you)")
-      ->capture_default_str();
+  start->add_option("-o,--output", s->output,
+                    "Trace file, created by the daemon as you; an existing one is refused "
+                    "unless --force (default: perfq-YYYYMMDD-HHMMSS.trace here)");
+  start->add_flag("--force", s->force, "Overwrite the -o file if it exists");
   start
       ->add_option("--device", s->devices,
-                   "Device to record (repeatable): shm:PATH or /dev/perfqN; default: the "
-                   "daemon's configured devices")
+                   "Device to record (repeatable): " + std::string(kDeviceForms) +
+                       "; default: the daemon's configured devices")
       ->allow_extra_args(false);
-  start->add_option("--duration", s->duration, "Stop after S seconds")
-      ->check(CLI::NonNegativeNumber);
+  start->add_option("--duration", s->duration, "Stop after S seconds")->check(duration_check());
   start
       ->add_option("--sync-interval-ms", s->sync_interval_ms,
                    "Time between clock sync rounds (default: the daemon's)")

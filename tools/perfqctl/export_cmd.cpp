@@ -23,7 +23,9 @@ void add_export_command(CLI::App& app, int& exit_code) {
   sub->add_option("--format,-f", args->format, "perfetto, chrome-json, ctf or csv")
       ->required()
       ->check(CLI::IsMember({"perfetto", "chrome-json", "ctf", "csv"}));
-  sub->add_option("-o,--output", args->out, "output file (a directory for ctf)")->required();
+  sub->add_option("-o,--output", args->out,
+                  "output file, - for standard output (for ctf a directory, or - for a tar of it)")
+      ->required();
   add_filter_options(*sub, args->filter);
   sub->callback([args, &exit_code] {
     perfq::TraceFilter filter;

@@ -10,17 +10,33 @@ int main(int argc, char** argv) {
       "perfqctl: drive perfq-daemon (start, stop, status, devices) and analyse traces (report, "
       "export)"};
   app.require_subcommand(1);
+  app.set_version_flag("--version", "perfqctl " PERFQ_VERSION_STRING,
+                       "Print perfqctl's version and exit");
   int exit_code = perfqctl::kExitOk;
   perfqctl::add_control_commands(app, exit_code);
   perfqctl::add_record_command(app, exit_code);
   perfqctl::add_report_command(app, exit_code);
   perfqctl::add_export_command(app, exit_code);
+  // Before CLI11, which would only say that a command is required.
+  if (const std::string e = perfqctl::unknown_command(app, argc, argv); !e.empty()) {
+    std::fprintf(stderr, "perfqctl: %s\n", e.c_str());
+    return perfqctl::kExitUsage;
+  }
   try {
     app.parse(argc, argv);
+  } catch (const CLI::CallForVersion& e) {
+    return app.exit(e);
   } catch (const CLI::CallForHelp& e) {
     return app.exit(e);
   } catch (const CLI::CallForAllHelp& e) {
     return app.exit(e);
+  } catch (const CLI::RequiredError& e) {
+    if (app.get_subcommands().empty())  // no command at all
+      std::fprintf(stderr, "perfqctl: a command is required (commands: %s; see perfqctl --help)\n",
+                   perfqctl::command_names(app).c_str());
+    else
+      std::fprintf(stderr, "perfqctl: %s (see perfqctl --help)\n", e.what());
+    return perfqctl::kExitUsage;
   } catch (const CLI::ParseError& e) {
     std::fprintf(stderr, "perfqctl: %s (see perfqctl --help)\n", e.what());
     return perfqctl::kExitUsage;

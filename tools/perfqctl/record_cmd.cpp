@@ -27,7 +27,8 @@ using nlohmann::json;
 
 struct RecordOptions {
   std::string device;
-  std::string output = "perfq.trace";
+  std::string output;  // default_trace_name() when empty
+  bool force = false;  // replace an existing output file
   double duration = 0;
   unsigned sync_interval_ms = 100;
   std::string sync_mode = "a";
@@ -77,9 +78,11 @@ int run_record(const RecordOptions& o) {
   if (Status s = wait_running(o.device); !s) return fail(s.message());
 
   perfqd::RecordingOptions ro;
+  const std::string output = o.output.empty() ? default_trace_name() : o.output;
   std::error_code ec;
-  ro.output = std::filesystem::absolute(o.output, ec).string();
-  if (ec) ro.output = o.output;
+  ro.output = std::filesystem::absolute(output, ec).string();
+  if (ec) ro.output = output;
+  ro.force = o.force;  // else an existing file is refused as it is created
   ro.devices = {o.device};
   ro.sync_interval_ms = o.sync_interval_ms;
   ro.sync_mode = o.sync_mode == "b" ? PERFQ_SYNC_MODE_B : PERFQ_SYNC_MODE_A;
@@ -87,6 +90,8 @@ int run_record(const RecordOptions& o) {
   ro.recorder = "perfqctl record";
   auto rec = perfqd::Recording::start(ro);
   if (!rec) return fail(rec.status().message());
+  if (o.output.empty())
+    std::fprintf(stderr, "perfqctl record: no -o given: the trace is %s\n", ro.output.c_str());
   // No applications: the host input never holds the merge back.
   rec.value()->suspend_host_input();
 
@@ -133,7 +138,7 @@ int run_record(const RecordOptions& o) {
   }
   if (!sum.value("complete", false)) rc = kExitFail;
   const json& d0 = sum["devices"].empty() ? json::object() : sum["devices"][0];
-  std::printf("wrote %s: %llu records, %llu sync rounds, %llu bytes%s\n", o.output.c_str(),
+  std::printf("wrote %s: %llu records, %llu sync rounds, %llu bytes%s\n", output.c_str(),
               static_cast<unsigned long long>(sum.value("records", uint64_t{0})),
               static_cast<unsigned long long>(
                   d0.contains("sync") ? d0["sync"].value("rounds", uint64_t{0}) : 0),
@@ -151,9 +156,13 @@ void add_record_command(CLI::App& app, int& exit_code) {
       "Record one device into a trace file in the foreground, without the daemon, through the "
       "daemon's own recording pipeline: drain its ring, synchronize its clock, write records in "
       "host-time order. Stops on SIGINT/SIGTERM, after --duration, or when the device stops.");
-  cmd->add_option("--device", o->device, "Device: shm:PATH or /dev/perfqN")->required();
-  cmd->add_option("-o,--output", o->output, "Trace file to write")->capture_default_str();
-  cmd->add_option("--duration", o->duration, "Stop after S seconds")->check(CLI::NonNegativeNumber);
+  cmd->add_option("--device", o->device, "Device to record: " + std::string(kDeviceForms))
+      ->required();
+  cmd->add_option("-o,--output", o->output,
+                  "Trace file to write; an existing one is refused unless --force (default: "
+                  "perfq-YYYYMMDD-HHMMSS.trace here)");
+  cmd->add_flag("--force", o->force, "Overwrite the -o file if it exists");
+  cmd->add_option("--duration", o->duration, "Stop after S seconds")->check(duration_check());
   cmd->add_option("--sync-interval-ms", o->sync_interval_ms, "Time between sync rounds")
       ->capture_default_str()
       ->check(CLI::Range(1u, 60000u));

@@ -41,10 +41,11 @@ struct TraceExportSummary {
   std::vector<TraceProblem> problems;
 };
 
-// Exports the trace at `in` to `out` (a file; a directory for ctf, created
-// if missing).  Fails on an unreadable input header or any write error.
-// Only what `filter` keeps is exported (perfq/filter.h); `progress`, when
-// set, is called after each chunk.
+// Exports the trace at `in` to `out` (a file, "-" for standard output; a
+// directory for ctf, created if missing, or with "-" that directory as a tar
+// archive of ctf/metadata and ctf/stream_0 on standard output).  Fails on an
+// unreadable input header or any write error.  Only what `filter` keeps is
+// exported (perfq/filter.h); `progress`, when set, is called after each chunk.
 Result<TraceExportSummary> export_trace(const std::string& in, TraceExportFormat format,
                                         const std::string& out, const TraceFilter& filter = {},
                                         const TraceProgress& progress = {});

@@ -20,6 +20,7 @@ enum class Errc {
   kNotFound,
   kTimeout,
   kUnavailable,  // the peer is gone or not ready
+  kExists,       // a file that must be new is already there (EEXIST)
 };
 
 class [[nodiscard]] Status {

@@ -265,6 +265,10 @@ struct TraceWriterOptions {
   int zstd_level = 1;
   size_t records_per_chunk = 16384;  // 768 KiB of records per chunk
   bool sync_on_flush = false;        // fdatasync after each flush()
+  // An existing file at the path is truncated and replaced; false: it is
+  // left alone and open() fails with Errc::kExists (O_EXCL, decided as the
+  // file is created, so no other writer slips in between).
+  bool replace = true;
 };
 
 // Appends to a new trace file.  Records are buffered and written as one chunk

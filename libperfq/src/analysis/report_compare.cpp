@@ -9,6 +9,7 @@
 
 #include <fmt/format.h>
 
+#include "core/json_schema.h"
 #include "perfq/report.h"
 
 namespace perfq {
@@ -33,8 +34,9 @@ std::string element_key(const ordered_json& e, size_t i) {
 // sources' PCI facts, the worst lists: outliers, not figures) left out.
 void flatten(const ordered_json& j, const std::string& path, std::map<std::string, double>& out) {
   static const std::set<std::string> kSkip = {
-      "timeline", "histograms",         "sources",          "worst", "segment_list", "first_ns",
-      "last_ns",  "recording_start_ns", "recording_stop_ns"};
+      "timeline",          "histograms",    "sources", "worst",
+      "segment_list",      "first_ns",      "last_ns", "recording_start_ns",
+      "recording_stop_ns", "schema_version"};
   if (j.is_number()) {
     out[path] = j.get<double>();
   } else if (j.is_object()) {
@@ -67,6 +69,7 @@ std::vector<Change> changes(const TraceReport& a, const TraceReport& b) {
 
 std::string report_compare_json(const TraceReport& a, const TraceReport& b) {
   ordered_json j;
+  j["schema_version"] = kJsonSchemaVersion;
   j["a"] = a.path;
   j["b"] = b.path;
   ordered_json list = ordered_json::array();

@@ -8,6 +8,7 @@
 #include <fmt/format.h>
 
 #include "analysis/report_format.h"
+#include "core/json_schema.h"
 
 namespace perfq {
 
@@ -251,6 +252,7 @@ ordered_json off_cpu_json(const ReportOffCpu& oc) {
 
 std::string report_to_json(const TraceReport& r) {
   ordered_json j;
+  j["schema_version"] = kJsonSchemaVersion;
   j["file"] = r.path;
   j["complete"] = r.stopped_early.empty() && r.problems.empty();
   j["clean_end"] = r.clean_end;

@@ -11,6 +11,7 @@ namespace perfq {
 Status Status::from_errno(const std::string& what, int err) {
   Errc code = Errc::kIo;
   if (err == ENOENT) code = Errc::kNotFound;
+  if (err == EEXIST) code = Errc::kExists;
   return Status(code, what + ": " + std::strerror(err));
 }
 

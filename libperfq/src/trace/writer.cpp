@@ -133,11 +133,12 @@ Result<TraceWriter> TraceWriter::open(const std::string& path, const TraceMetada
   auto impl = std::make_unique<Impl>();
   impl->path = path;
   impl->options = options;
-  // Created here, or an existing file truncated?  A file created here and
-  // left without its header (a full disk) is removed; another is not ours.
+  // Created here, or an existing file truncated (options.replace)?  A file
+  // created here and left without its header (a full disk) is removed;
+  // another is not ours.
   bool created = true;
   impl->fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
-  if (impl->fd < 0 && errno == EEXIST) {
+  if (impl->fd < 0 && errno == EEXIST && options.replace) {
     created = false;
     impl->fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   }

@@ -1,8 +1,15 @@
-// CTF 1.8 export: a directory of TSDL metadata and one binary stream.
+// CTF 1.8 export: a directory of TSDL metadata and one binary stream; to
+// standard output ("-"), that directory as a tar archive.
 #include "analysis/export/export_internal.h"
 
 #include <sys/stat.h>
 
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <ctime>
+#include <filesystem>
+#include <fstream>
 #include <map>
 
 namespace perfq::export_detail {
@@ -149,9 +156,80 @@ class CtfExport : public TraceVisitor {
   std::vector<uint64_t> order_;
 };
 
+// One ustar header (POSIX.1-1988) for a regular file or a directory; a size
+// past 8 GiB in GNU's base-256 form, which GNU tar and bsdtar read.
+std::string tar_header(const std::string& name, uint64_t size, bool dir) {
+  std::string h(512, '\0');
+  auto put = [&h](size_t off, size_t len, const std::string& v) {
+    std::memcpy(&h[off], v.data(), std::min(len, v.size()));
+  };
+  auto octal = [](uint64_t v, size_t digits) { return fmt::format("{:0{}o}", v, digits); };
+  put(0, 100, name);
+  put(100, 8, octal(dir ? 0755 : 0644, 7));
+  put(108, 8, octal(0, 7));
+  put(116, 8, octal(0, 7));
+  if (size < (uint64_t{1} << 33)) {
+    put(124, 12, octal(size, 11));
+  } else {
+    h[124] = static_cast<char>(0x80);
+    for (int i = 0; i < 8; ++i) h[135 - i] = static_cast<char>((size >> (8 * i)) & 0xff);
+  }
+  put(136, 12, octal(static_cast<uint64_t>(std::time(nullptr)), 11));
+  h[156] = dir ? '5' : '0';
+  put(257, 6, std::string("ustar\0", 6));
+  put(263, 2, "00");
+  std::memset(&h[148], ' ', 8);
+  unsigned sum = 0;
+  for (unsigned char c : h) sum += c;
+  put(148, 8, octal(sum, 6));
+  h[154] = '\0';
+  return h;
+}
+
+// The CTF directory `dir` as a tar archive of ctf/metadata and ctf/stream_0
+// into `file` (standard output).
+Status write_tar(OutFile& file, const std::string& dir) {
+  if (Status s = file.open("-"); !s.is_ok()) return s;
+  if (Status s = file.write(tar_header("ctf/", 0, true)); !s.is_ok()) return s;
+  std::vector<char> buf(1 << 20);
+  for (const char* name : {"metadata", "stream_0"}) {
+    const std::string path = dir + "/" + name;
+    std::error_code ec;
+    const uint64_t size = std::filesystem::file_size(path, ec);
+    if (ec) return Status(Errc::kIo, path + ": " + ec.message());
+    if (Status s = file.write(tar_header(std::string("ctf/") + name, size, false)); !s.is_ok())
+      return s;
+    std::ifstream in(path, std::ios::binary);
+    uint64_t left = size;
+    while (left > 0) {
+      const size_t n = static_cast<size_t>(std::min<uint64_t>(left, buf.size()));
+      if (!in.read(buf.data(), static_cast<std::streamsize>(n)))
+        return Status(Errc::kIo, path + ": read back for the archive failed");
+      if (Status s = file.write(buf.data(), n); !s.is_ok()) return s;
+      left -= n;
+    }
+    if (Status s = file.write(std::string((512 - size % 512) % 512, '\0')); !s.is_ok()) return s;
+  }
+  return file.write(std::string(1024, '\0'));  // the end: two empty blocks
+}
+
 }  // namespace
 
 Status export_ctf(OutFile& file, const std::string& out, const ReadTrace& read) {
+  if (out == "-") {
+    // A directory cannot stream: write it beside the other temporary
+    // files, then send it as one tar archive (`| tar -x` gives ctf/).
+    const char* tmp = std::getenv("TMPDIR");
+    std::string dir = std::string(tmp && *tmp ? tmp : "/tmp") + "/perfq-ctf-XXXXXX";
+    if (!::mkdtemp(dir.data())) return Status::from_errno(dir + ": create directory");
+    OutFile stream;
+    Status s = export_ctf(stream, dir, read);
+    if (s.is_ok()) s = stream.close();
+    if (s.is_ok()) s = write_tar(file, dir);
+    std::error_code ec;
+    std::filesystem::remove_all(dir, ec);
+    return s;
+  }
   if (::mkdir(out.c_str(), 0755) != 0 && errno != EEXIST) {
     return Status::from_errno(out + ": create directory");
   }

@@ -2,6 +2,9 @@
 // ctf.cpp) share: the output file, the event names, and how export_trace()
 // (export.cpp) calls each.  Internal to analysis/export/.
 #pragma once
+#include <fcntl.h>
+#include <unistd.h>
+
 #include <cerrno>
 #include <cstdio>
 #include <functional>
@@ -17,15 +20,29 @@
 
 namespace perfq::export_detail {
 
-// A buffered output file whose every failure becomes a Status.
+// A buffered output file whose every failure becomes a Status.  "-" is
+// standard output (a copy of the descriptor: closing it leaves fd 1 open,
+// and a failed write, a closed pipe included, is still an error).
 class OutFile {
  public:
   ~OutFile() {
     if (f_) std::fclose(f_);
   }
   Status open(const std::string& path) {
-    path_ = path;
-    f_ = std::fopen(path.c_str(), "wb");
+    if (path == "-") {
+      path_ = "standard output";
+      const int fd = ::fcntl(STDOUT_FILENO, F_DUPFD_CLOEXEC, 0);
+      if (fd < 0) return Status::from_errno(path_ + ": dup");
+      f_ = ::fdopen(fd, "wb");
+      if (!f_) {
+        const int err = errno;
+        ::close(fd);
+        return Status::from_errno(path_ + ": fdopen", err);
+      }
+    } else {
+      path_ = path;
+      f_ = std::fopen(path.c_str(), "wb");
+    }
     if (!f_) return Status::from_errno(path + ": open for writing");
     buf_.resize(1 << 20);
     std::setvbuf(f_, buf_.data(), _IOFBF, buf_.size());
