@@ -9,6 +9,10 @@
 #   make device-example ARCH=riscv64|aarch64|native  the example device on the
 #                 SDK (build/device-example/ARCH/perfq-device-example)
 #   make bench    build and run the benchmarks (figures in build/bench/results.json)
+#   make soak     build, then one daemon for an hour at 1 M records/s with
+#                 applications coming and going, status polled and a new
+#                 recording every 5 min: nothing unaccounted, RSS and fds flat
+#                 (SOAK_ARGS="--minutes 10" to shorten; scripts/soak.py --help)
 #   make fuzz     build the libFuzzer harnesses (clang, build-fuzz/) and run each
 #                 for 10 M inputs (FUZZ_RUNS=N to change; make test runs each 30 s)
 #   make accuracy build, then record devsim --truth 50 times (three scenarios, half
@@ -35,7 +39,7 @@ JOBS        ?= $(shell nproc)
 PREFIX      ?= /usr/local
 DESTDIR     ?=
 
-.PHONY: all build deps device-example asan tsan fuzz test qemu-test qemu-shell demo bench accuracy clean help install uninstall install-dkms uninstall-dkms deb format
+.PHONY: all build deps device-example asan tsan fuzz soak test qemu-test qemu-shell demo bench accuracy clean help install uninstall install-dkms uninstall-dkms deb format
 
 all: build
 
@@ -108,6 +112,9 @@ device-example: deps
 
 bench: build
 	@scripts/bench.py --build $(BUILD) --out $(BUILD)/bench/results.json
+
+soak: build
+	@scripts/soak.py --build $(BUILD) $(SOAK_ARGS)
 
 fuzz: deps
 	@scripts/fuzz.sh --build $(BUILD_FUZZ) --runs $(FUZZ_RUNS)

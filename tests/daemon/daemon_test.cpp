@@ -939,7 +939,15 @@ TEST_CASE("daemon: 1000 hostile connections keep neither root's stop nor another
                << "): root's `perfqctl stop` took " << figures(ctl_ms) << " ms (median "
                << median(ctl_ms) << "), a raw stop request " << figures(raw_ms) << " ms (median "
                << median(raw_ms) << ")");
+  // The figure users meet is the plain build's.  A sanitizer tree's
+  // perfqctl is itself instrumented: its start-up alone takes tens of ms
+  // (ASan: `perfqctl --version` alone takes 80-150 ms here), so there the
+  // daemon's own answer (the raw request) carries the 100 ms bound.
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+  CHECK(median(ctl_ms) < 500);
+#else
   CHECK(median(ctl_ms) < 100);
+#endif
   CHECK(median(raw_ms) < 100);
 
   // Another unprivileged user is not locked out by the first one.
