@@ -14,9 +14,11 @@ programs that fed it, then deleted (a recording at 1 M records/s is GBs):
   - applications: the trace's host records equal what the demo apps said
     they recorded (apps run only inside a recording).
 
-The daemon's RSS and open file descriptors are sampled every second; the
-last tenth of the run (10 minutes of an hour) must be within 5 % of the
-first tenth (after a warm-up of one recording).  The last line is the
+The daemon's RSS and open file descriptors are sampled every second; each
+recording's peak RSS and its fewest descriptors (a status poll's socket
+comes and goes) are compared like for like: those of the recordings of the last 10 minutes must be within 5 % of
+those of the first 10 minutes (the first recording is the warm-up; a short
+run compares its last recording with its second).  The last line is the
 summary: "soak: PASS ..." or "soak: FAIL ...".  Exit 0 on PASS.
 
 usage: scripts/soak.py [--build build] [--minutes 60] [--rate 1000000]
@@ -28,7 +30,6 @@ import os
 import shutil
 import signal
 import socket
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -110,6 +111,15 @@ def cleanup():
         shutil.rmtree(work, ignore_errors=True)
 
 
+def region_ready():
+    """The region's magic, which a device writes last, is there."""
+    try:
+        with open(region, "rb") as f:
+            return f.read(8) == b"PERFQRGN"
+    except OSError:
+        return False
+
+
 def wait_for(what, pred, timeout):
     end = time.monotonic() + timeout
     while time.monotonic() < end:
@@ -163,22 +173,30 @@ threading.Thread(target=sampler, daemon=True).start()
 
 end = time.monotonic() + args.minutes * 60
 n = 0
+per_recording = []  # (peak RSS KiB, fds at its end)
 total_records = 0
 total_lost = 0
 try:
     while time.monotonic() < end:
         n += 1
         seg = min(args.restart_every, max(5.0, end - time.monotonic()))
+        first_sample = len(samples)
         trace = os.path.join(work, f"soak-{n}.trace")
         # A fresh device per recording: its accounting covers exactly it.
+        if os.path.exists(region):
+            os.unlink(region)
         dev = start([os.path.join(BIN, "perfq-devsim"), "--region", region, "--create",
                      "--workers", "2", "--job-workers", "1", "--rate", str(args.rate),
                      "--queue-records", "65536", "--duration", str(seg), "--wait-host"],
                     f"devsim-{n}.json")
-        wait_for("the device region", lambda: os.path.exists(region), 20)
+        wait_for("the device region", region_ready, 20)
         ctl("start", "-o", trace, "--device", f"shm:{region}")
+        # Applications only while the device surely runs (it counts its
+        # --duration from the recording's first sync round): each one's
+        # records are all in this recording.
+        apps_until = time.monotonic() + seg - 3
         apps = {"runs": 0, "recorded": 0, "failed": 0}
-        while dev.poll() is None:
+        while dev.poll() is None and time.monotonic() < apps_until:
             # An application that connects, records, and exits: every second.
             t = time.monotonic()
             r = subprocess.run([os.path.join(BIN, "perfq-demo-app"), "--device", f"shm:{region}",
@@ -191,8 +209,10 @@ try:
                 apps["recorded"] += d["host_events"]["recorded"]
                 if not d["host_events"]["connected"]:
                     apps["failed"] += 1
-            elif dev.poll() is None:
+            else:
                 apps["failed"] += 1
+                failures.append(f"recording {n}: perfq-demo-app exit {r.returncode}: "
+                                f"{r.stderr.strip()[:300]}")
             time.sleep(max(0.0, 1.0 - (time.monotonic() - t)))
         dev.wait()
         devjs = json.loads(open(os.path.join(work, f"devsim-{n}.json")).read().strip().splitlines()[-1])
@@ -226,11 +246,12 @@ try:
                             f"{rep['records']['host']} host records")
         total_records += rep["records"]["total"]
         total_lost += rep["lost"]["device"] + rep["lost"]["host"]
-        rss = samples[-1][1] / 1024 if samples else 0
+        mine = samples[first_sample:] or samples[-1:]
+        per_recording.append((max(x[1] for x in mine), min(x[2] for x in mine)))
         log(f"recording {n}: {seg:.0f} s, {rep['records']['device']} device records "
             f"({rep['lost']['device']} lost), {rep['records']['host']} host records from "
-            f"{apps['runs']} apps; unaccounted {unaccounted}; daemon RSS {rss:.1f} MiB, "
-            f"{samples[-1][2] if samples else '?'} fds")
+            f"{apps['runs']} apps; unaccounted {unaccounted}; daemon peak RSS "
+            f"{per_recording[-1][0] / 1024:.1f} MiB, at least {per_recording[-1][1]} fds")
         os.unlink(trace)
 except Exception as e:  # noqa: BLE001 - every failure ends in the summary line
     failures.append(f"{type(e).__name__}: {e}")
@@ -240,22 +261,23 @@ finally:
         failures.append(f"perfq-daemon exited ({daemon.returncode}) during the soak")
     cleanup()
 
-# Flat: the last tenth against the first tenth, after the first recording.
-warm = [s for s in samples if s[0] >= min(args.restart_every, args.minutes * 60 / 3)]
-verdict = ""
-if len(warm) >= 20:
-    k = max(1, len(warm) // 10)
-    first, last = warm[:k], warm[-k:]
-    rss0, rss1 = statistics.mean(s[1] for s in first), statistics.mean(s[1] for s in last)
-    fd0, fd1 = statistics.mean(s[2] for s in first), statistics.mean(s[2] for s in last)
-    verdict = (f"RSS {rss0 / 1024:.1f} -> {rss1 / 1024:.1f} MiB ({(rss1 / rss0 - 1) * 100:+.1f} %), "
-               f"fds {fd0:.0f} -> {fd1:.0f}")
+# Flat: the recordings of the last 10 minutes against those of the first
+# 10 (after the warm-up recording): each recording's peak RSS and fewest fds.
+after = per_recording[1:]
+if len(after) >= 2:
+    k = max(1, min(len(after) // 2, round(600 / args.restart_every)))
+    first, last = after[:k], after[-k:]
+    rss0, rss1 = max(r[0] for r in first), max(r[0] for r in last)
+    fd0, fd1 = max(r[1] for r in first), max(r[1] for r in last)
+    verdict = (f"peak RSS {rss0 / 1024:.1f} -> {rss1 / 1024:.1f} MiB "
+               f"({(rss1 / rss0 - 1) * 100:+.1f} %), fds {fd0} -> {fd1} "
+               f"(recordings 2..{1 + k} against the last {k})")
     if rss1 > rss0 * 1.05:
         failures.append(f"the daemon's RSS grew: {verdict}")
-    if fd1 > fd0 * 1.05 + 1:
+    elif fd1 > fd0 * 1.05:
         failures.append(f"the daemon's descriptors grew: {verdict}")
 else:
-    verdict = "too short to judge RSS and descriptors"
+    verdict = "too few recordings to judge RSS and descriptors (3 at least)"
 if polls["failed"]:
     failures.append(f"{polls['failed']} of {polls['ok'] + polls['failed']} status polls failed")
 for f in failures:
