@@ -176,6 +176,8 @@ n = 0
 per_recording = []  # (peak RSS KiB, fds at its end)
 total_records = 0
 total_lost = 0
+total_unaccounted = 0
+checked = 0
 try:
     while time.monotonic() < end:
         n += 1
@@ -237,13 +239,18 @@ try:
                 failures.append(f"recording {n}, device stream {s['stream']}: devsim delivered "
                                 f"{s['delivered']} dropped {s['dropped']}; the trace has {got} "
                                 f"records, {lost} lost")
+        total_unaccounted += unaccounted
         if rep["records"]["device"] + rep["lost"]["device"] != devjs["emitted"]:
+            total_unaccounted += abs(devjs["emitted"] - rep["records"]["device"]
+                                     - rep["lost"]["device"]) if not unaccounted else 0
             failures.append(f"recording {n}: devsim emitted {devjs['emitted']}, the trace has "
                             f"{rep['records']['device']} records + {rep['lost']['device']} lost")
         if rep["records"]["host"] != apps["recorded"] or apps["failed"]:
+            total_unaccounted += abs(rep["records"]["host"] - apps["recorded"])
             failures.append(f"recording {n}: the apps recorded {apps['recorded']} "
                             f"({apps['failed']} runs failed or unconnected), the trace has "
                             f"{rep['records']['host']} host records")
+        checked += 1
         total_records += rep["records"]["total"]
         total_lost += rep["lost"]["device"] + rep["lost"]["host"]
         mine = samples[first_sample:] or samples[-1:]
@@ -284,6 +291,7 @@ for f in failures:
     log(f"FAIL: {f}")
 log(f"{'PASS' if not failures else 'FAIL'} {args.minutes:g} min at {args.rate:g} records/s: "
     f"{n} recordings, {total_records} records, {total_lost} counted lost, "
-    f"{'0' if not failures else 'some'} unaccounted; {polls['ok']} status polls; {verdict}"
+    f"{total_unaccounted} unaccounted in the {checked} checked; {polls['ok']} status polls; "
+    f"{verdict}"
     + ("" if not failures else f"; logs in {work}"))
 sys.exit(0 if not failures else 1)
