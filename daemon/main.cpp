@@ -4,6 +4,7 @@
 //
 //   SIGTERM, SIGINT  stop the recording cleanly (the trace is closed), exit
 //   SIGHUP           reload the config file
+#include <malloc.h>
 #include <poll.h>
 #include <signal.h>
 #include <sys/signalfd.h>
@@ -75,6 +76,15 @@ void setup_logging(const DaemonConfig& c) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // glibc gives threads their own malloc arenas (up to 8 per core), and an
+  // arena keeps what its threads freed: the daemon's short-lived threads (a
+  // control connection each, a recording's drain and writer) took its peak
+  // RSS from 26 to 58 MiB over ten 60-s recordings of `make soak` at 200 000
+  // records/s; with MALLOC_ARENA_MAX=1, 28 MiB in every recording (two
+  // arenas still grew: 25 to 35 MiB in four).  One arena, unless the
+  // environment says otherwise; the threads' own caches (tcache) still serve
+  // small blocks without the arena's lock.
+  if (std::getenv("MALLOC_ARENA_MAX") == nullptr) mallopt(M_ARENA_MAX, 1);
   DaemonConfig config;
   bool exit_now = false;
   int exit_code = 0;
