@@ -25,9 +25,12 @@ using nlohmann::json;
 
 namespace {
 
-// One reply line (app/json_lines.h), taken by the client within
-// timeout_ms; false when the client is gone or does not read.
-bool send_line(int fd, const json& j, int timeout_ms = kReplyDeadlineMs) {
+// One line to a control client (app/json_lines.h): every reply, error and
+// progress line goes through here and carries "schema_version"
+// (core/json_schema.h).  Taken by the client within timeout_ms; false when
+// the client is gone or does not read.
+bool send_line(int fd, json j, int timeout_ms = kReplyDeadlineMs) {
+  j["schema_version"] = kJsonSchemaVersion;
   const Status s =
       perfq::send_line(fd, j.dump(-1, ' ', false, json::error_handler_t::replace), -1, timeout_ms);
   if (s.code() == Errc::kTimeout)
@@ -35,9 +38,7 @@ bool send_line(int fd, const json& j, int timeout_ms = kReplyDeadlineMs) {
   return s.is_ok();
 }
 
-json error(const std::string& msg) {
-  return {{"ok", false}, {"error", msg}, {"schema_version", kJsonSchemaVersion}};
-}
+json error(const std::string& msg) { return {{"ok", false}, {"error", msg}}; }
 
 Peer peer_of(int fd) {
   Peer p;
@@ -256,9 +257,7 @@ void ControlServer::serve(UniqueFd conn, const Peer& peer) {
       return;  // the connection now belongs to HostApps (or was closed)
     }
     first = false;
-    auto progress = [&](const json& p) {
-      send_line(conn.get(), json{{"progress", p}, {"schema_version", kJsonSchemaVersion}});
-    };
+    auto progress = [&](const json& p) { send_line(conn.get(), json{{"progress", p}}); };
     json reply = daemon_.handle(req, peer, progress);
     if (req["cmd"] == "status" && reply.value("ok", false)) reply["daemon"]["control"] = stats();
     if (!send_line(conn.get(), reply)) return;

@@ -10,7 +10,6 @@
 #include <algorithm>
 #include <filesystem>
 
-#include "core/json_schema.h"
 #include "device/device.h"
 #include "device/device_clock.h"
 #include "host/pci_scan.h"
@@ -211,13 +210,6 @@ Status Daemon::adopt_app(UniqueFd fd, const json& hello, const Peer& peer) {
 }
 
 json Daemon::handle(const json& req, const Peer& peer,
-                    const std::function<void(const json&)>& progress) {
-  json reply = answer(req, peer, progress);
-  reply["schema_version"] = kJsonSchemaVersion;
-  return reply;
-}
-
-json Daemon::answer(const json& req, const Peer& peer,
                     const std::function<void(const json&)>& progress) {
   const std::string cmd = req.value("cmd", "");
   try {

@@ -37,7 +37,6 @@ class Daemon {
   ~Daemon();
 
   // One control request; `progress` sends an interim line to the client.
-  // The reply carries "schema_version" (core/json_schema.h).
   nlohmann::json handle(const nlohmann::json& req, const Peer& peer,
                         const std::function<void(const nlohmann::json&)>& progress);
   // An application's connection (its first line was app_hello).
@@ -60,9 +59,6 @@ class Daemon {
   bool privileged(const Peer& p) const;
 
  private:
-  // handle()'s reply, before its schema version.
-  nlohmann::json answer(const nlohmann::json& req, const Peer& peer,
-                        const std::function<void(const nlohmann::json&)>& progress);
   nlohmann::json start(const nlohmann::json& req, const Peer& peer);
   nlohmann::json stop(const std::function<void(const nlohmann::json&)>& progress, bool automatic);
   static void add_counts(nlohmann::json& totals, const nlohmann::json& rec);

@@ -1480,6 +1480,11 @@ TEST_CASE("daemon: JSON replies and --json outputs carry one schema_version", "[
   REQUIRE(c.ok());
   version_of("an unknown command", c.request({{"cmd", "frobnicate"}}).dump());
   version_of("ping", c.request({{"cmd", "ping"}}).dump());
+  // The control socket's own refusals, which never reach a command.
+  for (const std::string bad : {"not json\n", "{\"no\":\"cmd\"}\n", "\n"}) {
+    REQUIRE(c.send_raw(bad));
+    version_of("the refusal of " + bad, c.line());
+  }
   CHECK(versions.size() == 1);
   CHECK(*versions.begin() >= 1);
 }
