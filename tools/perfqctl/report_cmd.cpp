@@ -15,6 +15,17 @@ namespace perfqctl {
 
 namespace {
 
+// Each fault of the trace on stderr, one line each: what the report skipped
+// (structure problems) and where it stopped (a torn or corrupt chunk); the
+// report covers everything else.  True when there was any.
+bool say_damage(const perfq::TraceReport& r) {
+  for (const auto& p : r.problems)
+    std::fprintf(stderr, "perfqctl: report: trace damaged: %s\n", p.message.c_str());
+  if (!r.stopped_early.empty())
+    std::fprintf(stderr, "perfqctl: report: trace damaged: %s\n", r.stopped_early.c_str());
+  return !r.problems.empty() || !r.stopped_early.empty();
+}
+
 // Chart.js, inlined into the page: PERFQ_CHARTJS from the environment, else
 // Debian's libjs-chart.js.
 bool read_chartjs(std::string& out) {
@@ -70,16 +81,8 @@ void compare(const perfq::TraceReport& a, const std::string& other,
     exit_code = kExitFail;
     return;
   }
-  exit_code = kExitOk;
-  for (const perfq::TraceReport* r : {&a, static_cast<const perfq::TraceReport*>(&b.value())}) {
-    for (const auto& p : r->problems) {
-      std::fprintf(stderr, "perfqctl: report: trace damaged: %s\n", p.message.c_str());
-      exit_code = kExitFail;
-    }
-    if (r->stopped_early.empty()) continue;
-    std::fprintf(stderr, "perfqctl: report: trace damaged: %s\n", r->stopped_early.c_str());
-    exit_code = kExitFail;
-  }
+  const bool damaged_a = say_damage(a), damaged_b = say_damage(b.value());
+  exit_code = damaged_a || damaged_b ? kExitFail : kExitOk;
 }
 
 }  // namespace
@@ -175,17 +178,7 @@ void add_report_command(CLI::App& app, int& exit_code) {
         return;
       }
     }
-    exit_code = kExitOk;
-    for (const auto& p : r->problems) {
-      // The report skipped what it could not trust; say what and where.
-      std::fprintf(stderr, "perfqctl: report: trace damaged: %s\n", p.message.c_str());
-      exit_code = kExitFail;
-    }
-    if (!r->stopped_early.empty()) {
-      // The report covers everything before the damage; say where it is.
-      std::fprintf(stderr, "perfqctl: report: trace damaged: %s\n", r->stopped_early.c_str());
-      exit_code = kExitFail;
-    }
+    exit_code = say_damage(r.value()) ? kExitFail : kExitOk;
   });
 }
 
