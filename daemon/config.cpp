@@ -48,6 +48,12 @@ void add_config_options(CLI::App& app, DaemonConfig& c) {
                  "How long after their time device records may still arrive")
       ->capture_default_str()
       ->check(CLI::Range(0u, 600000u));
+  app.add_option("--device-timeout-ms", c.device_timeout_ms,
+                 "A device whose collector's heartbeat stands still this long with nothing "
+                 "queued has stopped: the recording goes on without it and the trace says "
+                 "when (0: never)")
+      ->capture_default_str()
+      ->check(CLI::Range(0u, 600000u));
   app.add_option("--host-latency-ms", c.host_latency_ms,
                  "How long after their time application records may still arrive (a thread "
                  "preempted between taking its timestamp and publishing its record)")

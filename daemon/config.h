@@ -27,6 +27,9 @@ struct DaemonConfig {
   unsigned stream_timeout_ms = 500;  // a silent stream stops holding the merge
   unsigned device_latency_ms = 250;  // device records may trail their time by this
   unsigned host_latency_ms = 100;    // host records may trail their time by this
+  // A device whose collector's heartbeat stands still this long (and whose
+  // queue is empty) has stopped answering: its drain ends.  0: never.
+  unsigned device_timeout_ms = 2000;
   bool compress = true;
   int zstd_level = 1;
   std::string metrics;  // ADDR:PORT of the Prometheus endpoint; "" = none

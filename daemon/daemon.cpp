@@ -249,6 +249,7 @@ json Daemon::start(const json& req, const Peer& peer) {
   o.ring_records = c.ring_records;
   o.device_grace_ns = static_cast<int64_t>(c.device_latency_ms) * 1'000'000;
   o.host_grace_ns = static_cast<int64_t>(c.host_latency_ms) * 1'000'000;
+  o.device_timeout_ns = static_cast<int64_t>(c.device_timeout_ms) * 1'000'000;
   o.merge.max_delay_ns = static_cast<int64_t>(c.max_delay_ms) * 1'000'000;
   o.merge.stream_timeout_ns = static_cast<int64_t>(c.stream_timeout_ms) * 1'000'000;
   o.writer.compress = c.compress;

@@ -80,7 +80,7 @@ void DeviceDrainThread::stop() {
 
 bool DeviceDrainThread::ended() const {
   std::lock_guard lock(mu_);
-  return state_ == "finished" || state_ == "gone" || state_ == "failed";
+  return state_ == "finished" || state_ == "gone" || state_ == "failed" || state_ == "silent";
 }
 
 bool DeviceDrainThread::gone() const {
@@ -232,11 +232,34 @@ void DeviceDrainThread::admit(DeviceDrain& drain, std::vector<TraceRecord>& out,
   out.resize(w);
 }
 
-void DeviceDrainThread::set_state(const std::string& state, const std::string& error) {
-  std::lock_guard lock(mu_);
-  state_ = state;
-  error_ = error;
+void DeviceDrainThread::set_state(const std::string& state, const std::string& error,
+                                  int64_t since_ns) {
+  {
+    std::lock_guard lock(mu_);
+    state_ = state;
+    error_ = error;
+  }
   if (!error.empty()) spdlog::error("{}", error);
+  // An end before the recording's: the trace says when and why.
+  if (state == "gone" || state == "failed" || state == "silent")
+    rec_.note_source_ended(source_, {state, since_ns ? since_ns : now_ns(), error});
+}
+
+// Whether the device's collector has stood still for the device timeout:
+// its heartbeat (bumped on every pass, busy or idle) unchanged.  Judged
+// only once it has been seen to move: a device that never bumps it is
+// never called silent.
+bool DeviceDrainThread::heartbeat_stopped(int64_t now) {
+  const uint64_t beat = load_relaxed(&dev_.region().host_ctrl()->heartbeat);
+  if (beat != last_beat_) {
+    if (beat_seen_at_ != 0 || last_beat_ != 0) beat_moved_ = true;
+    last_beat_ = beat;
+    beat_seen_at_ = now;
+    return false;
+  }
+  if (beat_seen_at_ == 0) beat_seen_at_ = now;
+  return beat_moved_ && opts_.device_timeout_ns > 0 &&
+         now - beat_seen_at_ > opts_.device_timeout_ns;
 }
 
 void DeviceDrainThread::run() {
@@ -262,10 +285,25 @@ void DeviceDrainThread::run() {
       ended = true;
       break;
     }
+    // Read on every poll, so that its last move is known to within one.
+    const int64_t polled = now_ns();
+    const bool still = heartbeat_stopped(polled);
     if (n == 0) {
       if (drain.finished()) {
         set_state("finished", "");
         spdlog::info("{}: the device stopped; all it published was read", dev_.spec());
+        ended = true;
+        break;
+      }
+      if (still) {
+        set_state("silent",
+                  fmt::format("{}: the device stopped answering: its collector's heartbeat has "
+                              "not moved for {:.1f} s (--device-timeout-ms {}), and its queue is "
+                              "empty; the recording goes on without it, and the trace holds "
+                              "everything it published before",
+                              dev_.spec(), static_cast<double>(polled - beat_seen_at_) / 1e9,
+                              opts_.device_timeout_ns / 1'000'000),
+                  beat_seen_at_);
         ended = true;
         break;
       }

@@ -68,7 +68,9 @@ class DeviceDrainThread {
   void finish(perfq::DeviceDrain& drain, std::vector<perfq::TraceRecord>& out);
   void show_counts(const perfq::DeviceDrain& drain, size_t read);
   void admit(perfq::DeviceDrain& drain, std::vector<perfq::TraceRecord>& out, size_t from);
-  void set_state(const std::string& state, const std::string& error);
+  // since_ns: when the state began (0: now); an early end is noted in the trace.
+  void set_state(const std::string& state, const std::string& error, int64_t since_ns = 0);
+  bool heartbeat_stopped(int64_t now);
 
   Recording& rec_;
   const uint16_t source_;
@@ -96,6 +98,10 @@ class DeviceDrainThread {
   uint64_t before_start_shown_ = 0;
   uint64_t writer_waits_ = 0;  // polls skipped: the merge held kMaxMergePending records
   int64_t started_ns_ = now_ns();
+  // The device collector's heartbeat as last read, and when it last moved.
+  uint64_t last_beat_ = 0;
+  int64_t beat_seen_at_ = 0;
+  bool beat_moved_ = false;
 };
 
 }  // namespace perfqd

@@ -48,10 +48,11 @@ struct RecordingOptions {
   std::vector<std::string> devices;  // transport specs
   unsigned sync_interval_ms = 100;
   perfq_sync_mode sync_mode = PERFQ_SYNC_MODE_A;
-  double duration_s = 0;                  // 0: until stopped
-  uint64_t ring_records = 0;              // host app ring size in use (for the metadata)
-  int64_t device_grace_ns = 100'000'000;  // device records may trail the drain by this
-  int64_t host_grace_ns = 10'000'000;     // host records may trail the collector by this
+  double duration_s = 0;                      // 0: until stopped
+  uint64_t ring_records = 0;                  // host app ring size in use (for the metadata)
+  int64_t device_grace_ns = 100'000'000;      // device records may trail the drain by this
+  int64_t host_grace_ns = 10'000'000;         // host records may trail the collector by this
+  int64_t device_timeout_ns = 2'000'000'000;  // heartbeat still this long: stopped (0: never)
   MergeOptions merge;
   perfq::TraceWriterOptions writer;
   uid_t owner_uid = 0;  // the trace file is created as this user
@@ -103,6 +104,9 @@ class Recording {
   void queue_sync(std::vector<perfq::TraceSyncSample> samples, const perfq::TraceClockModel* model);
   void queue_loss(const perfq::TraceLoss& loss);
   void queue_metadata(const perfq::TraceMetadata& m);
+  // A device's records ended before the recording (gone, failed, silent):
+  // the trace's metadata says so for its source.  Once per source.
+  void note_source_ended(uint16_t source, perfq::TraceSourceEnd end);
   Merger& merger() { return merger_; }
 
  private:

@@ -71,6 +71,16 @@ void Recording::queue_metadata(const TraceMetadata& m) {
   side_metadata_.push_back(m);
 }
 
+void Recording::note_source_ended(uint16_t source, TraceSourceEnd end) {
+  // metadata_'s device sources are fixed once the recording has started.
+  const TraceSource* described = metadata_.find_source(source);
+  if (described == nullptr) return;
+  TraceMetadata m;
+  m.sources.push_back(*described);
+  m.sources.back().ended = std::move(end);
+  queue_metadata(m);
+}
+
 Status Recording::write_side_queue() {
   std::vector<TraceSyncSample> samples;
   std::vector<TraceClockModel> models;

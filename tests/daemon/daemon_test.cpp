@@ -1199,6 +1199,190 @@ TEST_CASE("daemon: kill -9 loses only what the merge holds and 100 ms more",
   // The merge holds records up to --max-delay-ms (2 s) when an input holds
   // its watermark, --device-latency-ms (250 ms) otherwise.
   CHECK(lost_ms < (2000 + 100 + 500) * kSlow);
+
+  // The next daemon takes over: the dead one's socket file is still there
+  // (nothing removed it) and so is its claim on the region (a flock the
+  // kernel released with the process).
+  REQUIRE(access(d.socket.c_str(), F_OK) == 0);
+  Daemon next(dir, {"--device", "shm:" + shm.path()});
+  REQUIRE(wait_for([&] { return ctl(next, {"status"})->exit_code() == 0; },
+                   std::chrono::seconds(static_cast<int>(10 * kSlow))));
+  const std::string again = dir.file("after.trace");
+  auto st = ctl(next, {"start", "-o", again});
+  INFO("start after kill -9: " << st->out() << st->err() << "\ndaemon: " << next.proc->err());
+  REQUIRE(st->exit_code() == 0);
+  REQUIRE(wait_for(
+      [&] {
+        const json j = json::parse(ctl(next, {"status", "--json"})->out(), nullptr, false);
+        return j.is_object() && j["recording"].is_object() &&
+               j["recording"]["devices"][0]["records"].get<uint64_t>() >= 2000;
+      },
+      std::chrono::seconds(static_cast<int>(30 * kSlow))));
+  REQUIRE(ctl(next, {"stop"})->exit_code() == 0);
+  bool clean_after = false;
+  const TraceContent t2 = read_trace(again, &clean_after);
+  CHECK(clean_after);
+  CHECK(t2.records.size() >= 2000);
+  // Each stream's records follow on from the killed recording's: the
+  // device lost nothing while no daemon read it (its ring held 8 s).
+  std::map<uint16_t, uint64_t> first_after, last_before;
+  for (const auto& r : t.records)
+    last_before[r.rec.stream] = std::max(last_before[r.rec.stream], r.rec.index);
+  for (const auto& r : t2.records)
+    if (!first_after.count(r.rec.stream) || r.rec.index < first_after[r.rec.stream])
+      first_after[r.rec.stream] = r.rec.index;
+  CHECK(first_after.size() == 2);
+  for (const auto& [stream, first] : first_after) {
+    INFO("stream " << stream);
+    CHECK(first > last_before[stream]);
+  }
+  dev.signal(SIGTERM);
+  REQUIRE(dev.wait(std::chrono::seconds(10)));
+  const json devjs = json::parse(dev.out(), nullptr, false);
+  INFO("devsim: " << dev.out());
+  REQUIRE(devjs.is_object());
+  CHECK(devjs["dropped"].get<uint64_t>() == 0);
+}
+
+// A device that goes away mid-recording: one whose region is cut short
+// under the daemon's mapping (SIGBUS on the next access, for a shm region as
+// for a revoked /dev/perfqN one), one whose device is killed and whose region
+// is unlinked (its collector's heartbeat stands still).  The recording goes
+// on for the third, whose records are all in the trace, as devsim counted
+// them; the trace says when and why the other two ended.
+TEST_CASE("daemon: a device that disappears mid-recording: the others go on, the trace says when",
+          "[daemon][process][crash]") {
+  TempDir dir("daemon-vanish");
+  TempShm keep("vanish-keep"), cut("vanish-cut"), killed("vanish-killed");
+  auto devsim = [](const TempShm& shm, std::vector<std::string> extra) {
+    std::vector<std::string> argv = {kBin + "/perfq-devsim",
+                                     "--region",
+                                     shm.path(),
+                                     "--create",
+                                     "--workers",
+                                     "2",
+                                     "--rate",
+                                     "20000",
+                                     "--job-workers",
+                                     "0"};
+    argv.insert(argv.end(), extra.begin(), extra.end());
+    return std::make_unique<Child>(argv);
+  };
+  // The one that stays: 3 s of records once the host is there, then its
+  // final count.
+  auto dk = devsim(keep, {"--wait-host", "--duration", std::to_string(3 * kSlow)});
+  auto dc = devsim(cut, {});
+  auto dx = devsim(killed, {});
+  for (const TempShm* s : {&keep, &cut, &killed})
+    REQUIRE(
+        wait_for([&] { return access(s->path().c_str(), F_OK) == 0; }, std::chrono::seconds(10)));
+  Daemon d(dir, {"--device-timeout-ms", "500"});
+  const std::string trace = dir.file("vanish.trace");
+  auto st = ctl(d, {"start", "-o", trace, "--device", "shm:" + keep.path(), "--device",
+                    "shm:" + cut.path(), "--device", "shm:" + killed.path()});
+  INFO("start: " << st->out() << st->err());
+  REQUIRE(st->exit_code() == 0);
+  auto device_json = [&](const std::string& path) {
+    const json j = json::parse(ctl(d, {"status", "--json"})->out(), nullptr, false);
+    if (!j.is_object() || !j["recording"].is_object()) return json();
+    for (const auto& dev : j["recording"]["devices"])
+      if (dev["device"] == "shm:" + path) return dev;
+    return json();
+  };
+  // Both with records and a clock model (without one, a device's records
+  // cannot be converted, and the trace says that instead).
+  auto going = [&](const std::string& path) {
+    const json dev = device_json(path);
+    return dev.is_object() && dev["records"].get<uint64_t>() >= 2000 &&
+           dev["sync"]["synchronized"] == true;
+  };
+  REQUIRE(wait_for([&] { return going(cut.path()) && going(killed.path()); },
+                   std::chrono::seconds(static_cast<int>(20 * kSlow))));
+  // Cut short: the region file truncated under the mapping.
+  const int64_t cut_ns = static_cast<int64_t>(monotonic_ns());
+  REQUIRE(::truncate(cut.path().c_str(), 0) == 0);
+  // Killed: no last words, and its region unlinked.
+  const int64_t kill_ns = static_cast<int64_t>(monotonic_ns());
+  dx->signal(SIGKILL);
+  REQUIRE(dx->wait(std::chrono::seconds(10)));
+  ::unlink(killed.path().c_str());
+  REQUIRE(wait_for([&] { return device_json(cut.path())["state"] == "gone"; },
+                   std::chrono::seconds(static_cast<int>(10 * kSlow))));
+  REQUIRE(wait_for([&] { return device_json(killed.path())["state"] == "silent"; },
+                   std::chrono::seconds(static_cast<int>(10 * kSlow))));
+  CHECK(device_json(killed.path())["error"].get<std::string>().find("heartbeat") !=
+        std::string::npos);
+  // The daemon lives on, and so does the recording of the third.
+  REQUIRE(dk->wait(std::chrono::seconds(static_cast<int>(60 * kSlow))));
+  REQUIRE(dk->exit_code() == 0);
+  const json keepjs = json::parse(dk->out());
+  REQUIRE(wait_for([&] { return device_json(keep.path())["state"] == "finished"; },
+                   std::chrono::seconds(static_cast<int>(30 * kSlow))));
+  REQUIRE(d.proc->running());
+  auto stop = ctl(d, {"stop", "--json"});
+  INFO("stop: " << stop->out() << stop->err() << "\ndaemon: " << d.proc->err());
+  REQUIRE(stop->exit_code() == 0);
+  bool clean = false;
+  const TraceContent t = read_trace(trace, &clean);
+  CHECK(clean);
+  std::map<std::string, const TraceSource*> by_path;
+  for (const auto& s : t.meta.sources) {
+    if (s.kind != TraceSourceKind::kDevice) continue;
+    for (const TempShm* shm : {&keep, &cut, &killed})
+      if (s.ended && s.ended->reason.find(shm->path()) != std::string::npos)
+        by_path[shm->path()] = &s;
+  }
+  // When and why, in the trace itself.
+  REQUIRE(by_path.count(cut.path()) == 1);
+  REQUIRE(by_path.count(killed.path()) == 1);
+  const TraceSourceEnd& gone = *by_path[cut.path()]->ended;
+  CHECK(gone.state == "gone");
+  CHECK(gone.time_ns >= cut_ns);
+  CHECK(gone.time_ns < cut_ns + static_cast<int64_t>(5e9 * kSlow));
+  const TraceSourceEnd& silent = *by_path[killed.path()]->ended;
+  CHECK(silent.state == "silent");
+  // When the heartbeat was last seen moving (the drain reads it on every
+  // poll, at least every millisecond while records come): about the kill.
+  CHECK(silent.time_ns <= kill_ns + static_cast<int64_t>(50e6 * kSlow));
+  CHECK(silent.time_ns > kill_ns - static_cast<int64_t>(1e9 * kSlow));
+  // Every record the kept device emitted is in the trace, and none of the
+  // others' after their end.
+  std::map<uint16_t, uint64_t> records_by_source;
+  std::map<uint16_t, int64_t> newest;
+  for (const auto& r : t.records) {
+    ++records_by_source[r.source];
+    newest[r.source] = std::max(newest[r.source], r.time_ns);
+  }
+  uint16_t keep_source = 0;
+  for (const auto& s : t.meta.sources)
+    if (s.kind == TraceSourceKind::kDevice && !s.ended) keep_source = s.id;
+  REQUIRE(keep_source != 0);
+  INFO("kept devsim: " << keepjs.dump());
+  // (Records stamped before the start are not the recording's: counted apart.)
+  uint64_t before_start = 0;
+  for (const auto& dev : json::parse(stop->out())["devices"])
+    if (dev["device"] == "shm:" + keep.path()) before_start = dev["before_start"].get<uint64_t>();
+  CHECK(records_by_source[keep_source] + keepjs["dropped"].get<uint64_t>() + before_start ==
+        keepjs["emitted"].get<uint64_t>());
+  CHECK(records_by_source[by_path[cut.path()]->id] > 0);
+  CHECK(records_by_source[by_path[killed.path()]->id] > 0);
+  // Nothing of the killed device is newer than its heartbeat's last move
+  // (its collector publishes, then beats), within the clocks' claims.
+  CHECK(newest[by_path[killed.path()]->id] <= silent.time_ns + 1'000'000);
+  CHECK(newest[by_path[killed.path()]->id] <= kill_ns + 1'000'000);
+  // And the report says so, for people and in JSON.
+  Child rep({kBin + "/perfqctl", "report", trace});
+  REQUIRE(rep.wait(std::chrono::seconds(static_cast<int>(60 * kSlow))));
+  CHECK(rep.exit_code() == 0);
+  CHECK(rep.out().find("(gone): shm:" + cut.path()) != std::string::npos);
+  CHECK(rep.out().find("(silent): shm:" + killed.path()) != std::string::npos);
+  Child repj({kBin + "/perfqctl", "report", "--json", trace});
+  REQUIRE(repj.wait(std::chrono::seconds(static_cast<int>(60 * kSlow))));
+  const json rj = json::parse(repj.out());
+  int ended = 0;
+  for (const auto& s : rj["sources"])
+    if (s.contains("ended")) ++ended;
+  CHECK(ended == 2);
 }
 
 TEST_CASE("daemon: clear errors for a second start, a stop with nothing running, a bad device",

@@ -74,21 +74,33 @@ struct TraceThread {
   bool operator==(const TraceThread&) const = default;
 };
 
+// How a source's records ended before the recording did: a device that
+// went away (its mapping revoked, its region cut short), failed, or stopped
+// answering (its collector's heartbeat stood still).  Records after time_ns
+// are not in the trace; the source's other records are.
+struct TraceSourceEnd {
+  std::string state;    // "gone", "failed" or "silent"
+  int64_t time_ns = 0;  // host time of the last sign of it (silent: the heartbeat's last move)
+  std::string reason;   // the daemon's words, naming the device
+  bool operator==(const TraceSourceEnd&) const = default;
+};
+
 // A source of records: one instrumented host application (stream = host
 // thread) or one device (stream = device worker/queue).  `id` is the
 // TraceRecord::source value; ids are unique within a trace.
 struct TraceSource {
   uint16_t id = 0;
   TraceSourceKind kind = TraceSourceKind::kHost;
-  std::string name;                  // application name or device name
-  uint32_t pid = 0;                  // host application: its pid (0 if unknown)
-  std::string pci_address;           // device: "0000:03:00.0" when known
-  std::string link;                  // device: "Gen4 x8" when known (the current link)
-  std::optional<PciDevice> pci;      // device: its PCI facts when it is on a PCI bus
-  uint64_t clock_hz = 0;             // device: nominal rate of its clock D
-  uint64_t timer_hz = 0;             // device: nominal rate of its timer register R (0: unknown)
-  std::vector<EventInfo> events;     // the source's event dictionary
-  std::vector<TraceThread> threads;  // host application: its threads so far
+  std::string name;                     // application name or device name
+  uint32_t pid = 0;                     // host application: its pid (0 if unknown)
+  std::string pci_address;              // device: "0000:03:00.0" when known
+  std::string link;                     // device: "Gen4 x8" when known (the current link)
+  std::optional<PciDevice> pci;         // device: its PCI facts when it is on a PCI bus
+  uint64_t clock_hz = 0;                // device: nominal rate of its clock D
+  uint64_t timer_hz = 0;                // device: nominal rate of its timer register R (0: unknown)
+  std::vector<EventInfo> events;        // the source's event dictionary
+  std::vector<TraceThread> threads;     // host application: its threads so far
+  std::optional<TraceSourceEnd> ended;  // its records ended early (see TraceSourceEnd)
   bool operator==(const TraceSource&) const = default;
 
   const EventInfo* find_event(uint32_t event) const;

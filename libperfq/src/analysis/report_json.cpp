@@ -33,6 +33,9 @@ ordered_json sources_json(const TraceReport& r) {
                         {"pci_address", s.pci_address},
                         {"link", s.link}};
     if (s.pci) src["pci"] = ordered_json::parse(pci_device_to_json(*s.pci).dump());
+    if (s.ended)
+      src["ended"] = {
+          {"state", s.ended->state}, {"time_ns", s.ended->time_ns}, {"reason", s.ended->reason}};
     sources.push_back(src);
   }
   return sources;

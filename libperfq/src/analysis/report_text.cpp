@@ -155,6 +155,13 @@ std::string report_to_text(const TraceReport& r) {
                      r.stopped_early, r.chunks));
   }
   for (const auto& p : r.problems) line("WARNING: trace damaged: " + p.message);
+  for (const auto& s : r.metadata.sources) {
+    if (!s.ended) continue;
+    const int64_t from = r.duration_of_recording ? r.recording_start_ns : r.first_ns;
+    line(fmt::format("WARNING: {} {} ended {} into the recording ({}): {}",
+                     trace_source_kind_name(s.kind), s.name, ns_text(s.ended->time_ns - from),
+                     s.ended->state, s.ended->reason));
+  }
   if (r.stopped_early.empty() && r.problems.empty() && !r.clean_end) {
     line("note: no end chunk (the writer did not close the file); all chunks are complete");
   }

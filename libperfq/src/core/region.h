@@ -66,6 +66,9 @@ class Region {
   uint64_t ring_capacity() const { return hdr_.ring_capacity; }
   std::string device_name() const;
   uint8_t* base() const { return base_; }
+  // Bytes mapped at base(): the whole file for a region Region::open()
+  // mapped, the region itself for one attached to memory mapped elsewhere.
+  uint64_t mapped_size() const { return map_.get() != nullptr ? map_.size() : hdr_.region_size; }
 
   template <class T>
   T* section(perfq_section_id id) const {

@@ -28,17 +28,26 @@ namespace {
 
 class ShmTransport final : public DeviceTransport {
  public:
+  // A region file truncated under the mapping (by its device, or anyone
+  // who may write it) raises SIGBUS on the next access: the fault guard
+  // turns that into gone(), as for a revoked /dev/perfqN mapping.
   ShmTransport(std::string spec, Region region)
-      : spec_(std::move(spec)), region_(std::move(region)), timer_(region_) {}
+      : spec_(std::move(spec)),
+        region_(std::move(region)),
+        timer_(region_),
+        guard_(region_.base(), region_.mapped_size(), &gone_) {}
 
   const std::string& spec() const override { return spec_; }
   const Region& region() const override { return region_; }
+  bool gone() const override { return gone_.load(std::memory_order_acquire); }
 
   Result<std::vector<perfq_clock_sample>> clock_samples(
       uint32_t round, size_t n, std::chrono::microseconds timeout) override {
     if (n == 0 || n > PERFQ_SYNC_MAX_SAMPLES)
       return Status(Errc::kInvalidArgument,
                     "clock samples: n must be 1.." + std::to_string(PERFQ_SYNC_MAX_SAMPLES));
+    if (gone())
+      return Status(Errc::kUnavailable, spec_ + ": device gone (its region was cut short)");
     std::vector<perfq_clock_sample> out;
     out.reserve(n);
     timer_.open_window(round);
@@ -61,6 +70,8 @@ class ShmTransport final : public DeviceTransport {
       out.push_back(*s);
     }
     timer_.close_window();
+    if (gone())
+      return Status(Errc::kUnavailable, spec_ + ": device gone (its region was cut short)");
     return out;
   }
 
@@ -68,6 +79,8 @@ class ShmTransport final : public DeviceTransport {
   std::string spec_;
   Region region_;
   TimerReader timer_;
+  std::atomic<bool> gone_{false};
+  FaultGuardRange guard_;  // declared after region_: unregistered before it is unmapped
 };
 
 // The sections the host writes; the driver maps the others read-only.

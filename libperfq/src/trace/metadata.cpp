@@ -116,6 +116,10 @@ std::string trace_metadata_to_json(const TraceMetadata& m) {
         threads.push_back({{"stream", t.stream}, {"tid", t.tid}, {"name", t.name}});
       js["threads"] = std::move(threads);
     }
+    // Added with device timeouts; absent when the source lasted the recording.
+    if (s.ended)
+      js["ended"] = {
+          {"state", s.ended->state}, {"time_ns", s.ended->time_ns}, {"reason", s.ended->reason}};
     sources.push_back(std::move(js));
   }
   j["sources"] = std::move(sources);
@@ -172,6 +176,11 @@ Result<TraceMetadata> trace_metadata_from_json(const std::string& text) {
           for (const auto& jt : js.at("threads"))
             s.threads.push_back({jt.at("stream").get<uint16_t>(), jt.at("tid").get<uint32_t>(),
                                  jt.value("name", "")});
+        }
+        if (js.contains("ended") && !js["ended"].is_null()) {
+          const json& je = js.at("ended");
+          s.ended = TraceSourceEnd{je.at("state").get<std::string>(),
+                                   je.at("time_ns").get<int64_t>(), je.value("reason", "")};
         }
         m.sources.push_back(std::move(s));
       }

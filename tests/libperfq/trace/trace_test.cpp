@@ -358,6 +358,27 @@ PciDevice sample_pci() {
   return d;
 }
 
+TEST_CASE("trace: a device that ended early says when and why, later metadata adds it", "[trace]") {
+  TraceMetadata m = test_metadata();
+  TraceMetadata later;
+  later.sources.push_back(m.sources[1]);
+  later.sources.back().ended =
+      TraceSourceEnd{"silent", 123456789, "shm:/x: the device stopped answering"};
+  const std::string text = trace_metadata_to_json(later);
+  auto back = trace_metadata_from_json(text);
+  REQUIRE(back.is_ok());
+  CHECK(back.value() == later);
+  CHECK(nlohmann::json::parse(text)["sources"][0]["ended"]["state"] == "silent");
+  // The reader merges it into the source as first described; the others
+  // have no "ended" at all.
+  m.merge(back.value());
+  REQUIRE(m.sources[1].ended.has_value());
+  CHECK(m.sources[1].ended->time_ns == 123456789);
+  CHECK_FALSE(m.sources[0].ended.has_value());
+  CHECK_FALSE(nlohmann::json::parse(trace_metadata_to_json(test_metadata()))["sources"][1].contains(
+      "ended"));
+}
+
 TEST_CASE("trace: a device's PCI facts in the metadata, and traces without them", "[trace][pci]") {
   TraceMetadata m = test_metadata();
   m.sources[1].pci = sample_pci();
