@@ -2,6 +2,7 @@
 
 #include "app/json_lines.h"
 #include "core/json_schema.h"
+#include "request.h"
 
 #include <poll.h>
 #include <pthread.h>
@@ -230,23 +231,14 @@ void ControlServer::serve(UniqueFd conn, const Peer& peer) {
                                   " bytes; closing the connection"));
       return;
     }
-    if (line.find_first_not_of(" \t\r") == std::string::npos) {
-      if (!send_line(conn.get(), error("empty request: expected one JSON object per line"))) return;
+    std::string why;
+    std::optional<json> parsed = parse_request_line(line, &why);
+    if (!parsed) {
+      if (!send_line(conn.get(), error(why))) return;
       first = false;
       continue;
     }
-    json req = json::parse(line, nullptr, false);
-    if (req.is_discarded() || !req.is_object()) {
-      if (!send_line(conn.get(), error("malformed request: expected one JSON object per line")))
-        return;
-      first = false;
-      continue;
-    }
-    if (!req.contains("cmd") || !req["cmd"].is_string()) {
-      if (!send_line(conn.get(), error("request has no \"cmd\" string"))) return;
-      first = false;
-      continue;
-    }
+    json& req = *parsed;
     if (req["cmd"] == "app_hello") {
       if (!first || !buf.empty()) {
         send_line(conn.get(), error("app_hello must be the first and only line before its reply"));

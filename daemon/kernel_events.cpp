@@ -154,7 +154,10 @@ struct KernelEvents::Impl {
   Status attach_uprobe(const std::string& spec, size_t i, bool ret, int pid) {
     const auto colon = spec.rfind(':');
     const std::string path = spec.substr(0, colon), sym = spec.substr(colon + 1);
-    LIBBPF_OPTS(bpf_uprobe_opts, uo);
+    // What LIBBPF_OPTS() does, in C++ (the macro is a GNU statement
+    // expression around a C99 compound literal).
+    bpf_uprobe_opts uo{};
+    uo.sz = sizeof(uo);
     uo.func_name = sym.c_str();
     uo.retprobe = ret;
     uo.bpf_cookie = i;

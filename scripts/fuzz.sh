@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
 # The libFuzzer harnesses of tests/fuzz, built in a clang tree and run.
 #   scripts/fuzz.sh [--build DIR] [--seconds N | --runs N] [--results FILE] [NAME...]
-#   NAME: trace, trace_export, region, app_events (default: all of them)
+#   NAME: trace, trace_export, region, app_events, control, sync, app_ring
+#         (default: all of them)
 #   --seconds N  run each fuzzer for N seconds (make test: 30)
 #   --runs N     run each fuzzer for N inputs (make fuzz: 10000000)
 #   --results F  append "PASS fuzz NAME: ..." / "FAIL fuzz NAME: ..." lines
 #   --build DIR  the clang tree (default build-fuzz)
 # Each fuzzer starts from the seeds perfq_fuzz_seeds makes (real traces, a
-# region, an application hello) and from its corpus kept in DIR/corpus/NAME
+# region, an application hello, control requests, sync rounds, an app ring) and from its corpus kept in DIR/corpus/NAME
 # between runs; first it reruns every input in tests/fuzz/regressions/NAME
 # (each crash ever found, kept as a regression test).  A crash leaves its
 # input in DIR/crashes/ and fails the run; copy it into
@@ -25,15 +26,15 @@ while [ $# -gt 0 ]; do
     --seconds) SECONDS_EACH=$2; shift 2 ;;
     --runs) RUNS=$2; shift 2 ;;
     --results) RESULTS=$2; shift 2 ;;
-    -h|--help) sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,15p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     -*) echo "fuzz.sh: unknown option $1 (see --help)" >&2; exit 2 ;;
     *) NAMES+=("$1"); shift ;;
   esac
 done
-[ ${#NAMES[@]} -gt 0 ] || NAMES=(trace trace_export region app_events)
+[ ${#NAMES[@]} -gt 0 ] || NAMES=(trace trace_export region app_events control sync app_ring)
 [ -n "$SECONDS_EACH$RUNS" ] || SECONDS_EACH=30
 for n in "${NAMES[@]}"; do
-  case $n in trace|trace_export|region|app_events) ;; *) echo "fuzz.sh: no fuzzer named '$n' (trace, trace_export, region, app_events)" >&2; exit 2 ;; esac
+  case $n in trace|trace_export|region|app_events|control|sync|app_ring) ;; *) echo "fuzz.sh: no fuzzer named '$n' (trace, trace_export, region, app_events, control, sync, app_ring)" >&2; exit 2 ;; esac
 done
 result() {
   echo "fuzz: $1"

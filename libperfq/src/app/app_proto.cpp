@@ -2,7 +2,9 @@
 
 #include "perfq/perfq_abi.h"
 
+#include <fcntl.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <fmt/format.h>
@@ -44,6 +46,50 @@ Status parse_events(const nlohmann::json& arr, size_t max_id, std::vector<EventI
     out->push_back({static_cast<uint32_t>(id), static_cast<uint16_t>(kind), clean_name(name, 47)});
   }
   return Status::ok();
+}
+
+Result<AppRing> attach_app_ring(int fd, const nlohmann::json& reply) {
+  auto bad = [](const std::string& what) { return Status(Errc::kCorrupt, "app ring: " + what); };
+  if (!reply.is_object()) return bad("the reply is not an object");
+  const nlohmann::json& js = reply.contains("stream") ? reply["stream"] : nlohmann::json();
+  const nlohmann::json& jc =
+      reply.contains("ring_records") ? reply["ring_records"] : nlohmann::json();
+  if (!js.is_number_unsigned() || js.get<uint64_t>() > 0xffff) return bad("no stream id");
+  if (!jc.is_number_unsigned()) return bad("no ring_records");
+  const uint64_t stream = js.get<uint64_t>();
+  const uint64_t cap = jc.get<uint64_t>();
+  if (cap == 0 || (cap & (cap - 1)) != 0 || cap > PERFQ_RING_CAPACITY_MAX)
+    return bad("ring_records " + std::to_string(cap) + " is not a power of two up to " +
+               std::to_string(PERFQ_RING_CAPACITY_MAX));
+  if (fd < 0) return bad("no memfd came with the reply");
+  const int seals = ::fcntl(fd, F_GET_SEALS);
+  if (seals < 0 || (seals & F_SEAL_SHRINK) == 0)
+    return bad("the memfd is not sealed against shrinking");
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) return Status::from_errno("app ring: fstat");
+  const auto file = static_cast<uint64_t>(st.st_size);
+  if (file < PERFQ_APP_RING_OFFSET_SLOTS + cap * sizeof(perfq_record))
+    return bad("a memfd of " + std::to_string(file) + " bytes cannot hold " + std::to_string(cap) +
+               " records");
+  auto m = Mapping::map_shared(fd, static_cast<size_t>(file), "app ring");
+  if (!m) return m.status();
+  auto* base = static_cast<uint8_t*>(m->get());
+  auto* hdr = reinterpret_cast<perfq_app_ring_header*>(base);
+  // Pairs with the daemon's store_release of the magic: the header is complete.
+  if (load_acquire(&hdr->magic) != PERFQ_APP_RING_MAGIC || hdr->version != PERFQ_ABI_VERSION ||
+      hdr->stream != stream)
+    return bad("the ring's header does not match the reply");
+  auto ring = SpscRingMemory<perfq_record>::attach(base + PERFQ_APP_RING_OFFSET_SPSC,
+                                                   m->size() - PERFQ_APP_RING_OFFSET_SPSC);
+  if (!ring) return bad(ring.status().message());
+  if (ring->capacity() != cap) return bad("the ring's capacity does not match the reply");
+  AppRing r;
+  r.hdr = hdr;
+  r.spsc = ring->header();
+  r.producer = ring->producer();
+  r.stream = static_cast<uint16_t>(stream);
+  r.mapping = std::move(*m);
+  return r;
 }
 
 }  // namespace perfq

@@ -32,6 +32,7 @@
 
 #include "app/json_lines.h"
 #include "core/mapping.h"
+#include "core/spsc_ring.h"
 #include "perfq/event_info.h"
 #include "perfq/status.h"
 
@@ -48,5 +49,24 @@ nlohmann::json event_to_json(const EventInfo& e);
 // An "events" array into *out, with the limits applied (ids 1..max_id,
 // kinds BEGIN..COUNTER, names of 1 to PERFQ_EVENT_NAME_LEN - 1 bytes).
 Status parse_events(const nlohmann::json& arr, size_t max_id, std::vector<EventInfo>* out);
+
+// A thread's ring as the application maps it from the daemon's reply to
+// "thread" and the memfd that came with it.
+struct AppRing {
+  Mapping mapping;
+  perfq_app_ring_header* hdr = nullptr;
+  perfq_spsc_header* spsc = nullptr;
+  SpscProducer<perfq_record> producer;
+  uint16_t stream = 0;
+};
+// Checked as an application must check what any daemon hands it: a stream
+// id that fits, a power-of-two capacity within PERFQ_RING_CAPACITY_MAX, a
+// memfd sealed against shrinking (else it could be cut short under the
+// mapping: SIGBUS in the application's own record call) and large enough
+// for that capacity, and a ring header (magic, version, stream) and SPSC
+// header that agree with the reply.  Errc::kCorrupt for a reply or memfd
+// that breaks the protocol (the client answers -EPROTO), another code when
+// mapping it failed.  (tests/fuzz/fuzz_app_ring.cpp feeds it any bytes.)
+Result<AppRing> attach_app_ring(int fd, const nlohmann::json& reply);
 
 }  // namespace perfq

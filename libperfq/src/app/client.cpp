@@ -431,30 +431,13 @@ int Client::acquire_ring_locked(ThreadState* t) {
   UniqueFd rfd;
   auto r = request_locked({{"cmd", "thread"}, {"tid", t->tid}, {"name", t->name}}, &rfd);
   if (!r) return r.status().code() == Errc::kInvalidArgument ? -EPERM : -ECONNRESET;
-  const json& j = *r;
-  const uint64_t stream = j.value("stream", uint64_t{1} << 20);
-  const uint64_t cap = j.value("ring_records", uint64_t{0});
-  struct stat st {};
-  if (!rfd.valid() || stream > 0xffff || !is_pow2(cap) || cap > PERFQ_RING_CAPACITY_MAX ||
-      ::fstat(rfd.get(), &st) != 0 ||
-      static_cast<uint64_t>(st.st_size) < PERFQ_APP_RING_OFFSET_SLOTS + cap * sizeof(perfq_record))
-    return -EPROTO;
-  auto m = Mapping::map_shared(rfd.get(), static_cast<size_t>(st.st_size), "app ring");
-  if (!m) return -ENOMEM;
-  auto* base = static_cast<uint8_t*>(m->get());
-  auto* hdr = reinterpret_cast<perfq_app_ring_header*>(base);
-  // Pairs with the daemon's store_release of the magic: the header is complete.
-  if (load_acquire(&hdr->magic) != PERFQ_APP_RING_MAGIC || hdr->version != PERFQ_ABI_VERSION ||
-      hdr->stream != stream)
-    return -EPROTO;
-  auto ring = SpscRingMemory<perfq_record>::attach(base + PERFQ_APP_RING_OFFSET_SPSC,
-                                                   m->size() - PERFQ_APP_RING_OFFSET_SPSC);
-  if (!ring || ring->capacity() != cap) return -EPROTO;
-  t->mapping = std::move(*m);
-  t->spsc = ring->header();
-  t->producer = ring->producer();
-  t->stream = static_cast<uint16_t>(stream);
-  t->hdr = hdr;
+  auto ring = attach_app_ring(rfd.get(), *r);
+  if (!ring) return ring.status().code() == Errc::kCorrupt ? -EPROTO : -ENOMEM;
+  t->mapping = std::move(ring->mapping);
+  t->spsc = ring->spsc;
+  t->producer = std::move(ring->producer);
+  t->stream = ring->stream;
+  t->hdr = ring->hdr;
   return 0;
 }
 

@@ -34,7 +34,8 @@ thread_local std::jmp_buf* t_jump = nullptr;
 thread_local char t_error[512];
 thread_local std::vector<std::string>* t_warnings = nullptr;
 
-[[noreturn]] void on_error(char* fmt, ...) {
+// GNU noreturn, not [[noreturn]]: libpci's error hook has it in its type (clang checks).
+__attribute__((noreturn)) void on_error(char* fmt, ...) {
   va_list ap;
   va_start(ap, fmt);
   std::vsnprintf(t_error, sizeof t_error, fmt, ap);
