@@ -169,6 +169,8 @@ void describe_clocks(TraceMetadata& meta) {
   meta.options["clock_monotonic_ns"] = std::to_string(mono);
   meta.options["clock_boottime_ns"] = std::to_string(boot);
   meta.options["clock_pair_bound_ns"] = std::to_string((best_width + 1) / 2);
+  // And against CLOCK_REALTIME: what lines this trace up with other hosts'.
+  meta.host_clocks.push_back(read_host_clock());
 }
 
 // The recording's options as the trace's metadata states them.
@@ -248,9 +250,11 @@ json Recording::stop(const std::function<void(const json&)>& progress) {
     });
   const int64_t stop_ns = now_ns();
   {
-    // The recording's interval, for the report's duration and rates.
+    // The recording's interval, for the report's duration and rates, and
+    // the host's clocks at its end.
     TraceMetadata m;
     m.options["stop_ns"] = std::to_string(stop_ns);
+    m.host_clocks.push_back(read_host_clock());
     queue_metadata(m);
   }
   for (auto& d : devices_) d->stop();

@@ -30,6 +30,7 @@ namespace {
 
 constexpr size_t kWriteBatch = 65536;      // records the writer takes from the merger at a time
 constexpr int64_t kFlushNs = 100'000'000;  // released records reach the file within this
+constexpr int64_t kHostClockEveryNs = 5'000'000'000;  // a snapshot of the host's clocks this often
 
 // Open (create) the trace file with the requesting user's file-system
 // identity, so that a root daemon never writes where that user may not.  An
@@ -116,7 +117,16 @@ void Recording::writer_main() {
     write_failed_ = true;
   };
   int64_t flushed_ns = now_ns();
+  int64_t clocks_ns = flushed_ns;  // the last snapshot of the host's clocks
   auto write = [&](bool all) {
+    // Every few seconds, how CLOCK_MONOTONIC stands against CLOCK_REALTIME
+    // (the kernel may slew realtime): what lines traces of hosts up.
+    if (const int64_t t = now_ns(); t - clocks_ns >= kHostClockEveryNs) {
+      TraceMetadata m;
+      m.host_clocks.push_back(read_host_clock());
+      queue_metadata(m);
+      clocks_ns = t;
+    }
     out.clear();
     if (all)
       merger_.take_all(out);

@@ -28,8 +28,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::string_view bytes = in.substr(nl + 2);
   perfq::UniqueFd fd(::memfd_create("fuzz-app-ring", MFD_CLOEXEC | MFD_ALLOW_SEALING));
   if (!fd.valid()) return 0;
-  if (!bytes.empty() && ::write(fd.get(), bytes.data(), bytes.size()) !=
-                            static_cast<ssize_t>(bytes.size()))
+  if (!bytes.empty() &&
+      ::write(fd.get(), bytes.data(), bytes.size()) != static_cast<ssize_t>(bytes.size()))
     return 0;
   int add = 0;
   if (seals & 1) add |= F_SEAL_SHRINK;

@@ -31,8 +31,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     if (cmd == "start") {
       perfqd::RecordingOptions o;
       if (perfqd::parse_start(*req, config, o).empty()) {
-        if (o.output.empty() || o.output[0] != '/' ||
-            o.output.find('\0') != std::string::npos)
+        if (o.output.empty() || o.output[0] != '/' || o.output.find('\0') != std::string::npos)
           std::abort();
         if (o.sync_mode != PERFQ_SYNC_MODE_A && o.sync_mode != PERFQ_SYNC_MODE_B) std::abort();
         if (!(o.duration_s >= 0 && o.duration_s <= perfqd::kMaxDurationS)) std::abort();

@@ -46,6 +46,7 @@ std::string command_names(CLI::App& app);
 void add_report_command(CLI::App& app, int& exit_code);
 void add_export_command(CLI::App& app, int& exit_code);
 void add_record_command(CLI::App& app, int& exit_code);
+void add_merge_command(CLI::App& app, int& exit_code);
 // start, stop, status, devices (perfq-daemon's control socket)
 void add_control_commands(CLI::App& app, int& exit_code);
 

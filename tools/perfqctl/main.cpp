@@ -17,6 +17,7 @@ int main(int argc, char** argv) {
   perfqctl::add_record_command(app, exit_code);
   perfqctl::add_report_command(app, exit_code);
   perfqctl::add_export_command(app, exit_code);
+  perfqctl::add_merge_command(app, exit_code);
   // Before CLI11, which would only say that a command is required.
   if (const std::string e = perfqctl::unknown_command(app, argc, argv); !e.empty()) {
     std::fprintf(stderr, "perfqctl: %s\n", e.c_str());

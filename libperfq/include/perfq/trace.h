@@ -101,6 +101,9 @@ struct TraceSource {
   std::vector<EventInfo> events;        // the source's event dictionary
   std::vector<TraceThread> threads;     // host application: its threads so far
   std::optional<TraceSourceEnd> ended;  // its records ended early (see TraceSourceEnd)
+  // The host it was recorded on: an index into TraceMetadata::hosts of a
+  // trace merged from several hosts' (perfqctl merge); 0 otherwise.
+  uint16_t host = 0;
   bool operator==(const TraceSource&) const = default;
 
   const EventInfo* find_event(uint32_t event) const;
@@ -113,17 +116,67 @@ struct TraceClockDomain {
   bool operator==(const TraceClockDomain&) const = default;
 };
 
+// How the recording host's CLOCK_MONOTONIC stood against CLOCK_REALTIME at
+// one moment: realtime was read between two monotonic reads bracket_ns apart
+// (monotonic_ns is their midpoint), with the kernel's own word on realtime
+// (adjtimex(2), as chrony or ptp4l left it).  The recorder writes one at the
+// start, every few seconds and at the stop: what lines up traces of
+// different hosts (perfqctl merge).
+struct TraceHostClock {
+  int64_t monotonic_ns = 0;
+  int64_t realtime_ns = 0;
+  int64_t bracket_ns = 0;
+  bool synchronized = false;  // the kernel's realtime is disciplined (no STA_UNSYNC)
+  int64_t esterror_ns = -1;   // adjtimex esterror: its estimated error (-1: unknown)
+  int64_t maxerror_ns = -1;   // adjtimex maxerror: its maximum error (-1: unknown)
+  int32_t status = 0;         // adjtimex status bits (STA_*)
+  int32_t tai_offset_s = 0;   // TAI - UTC as the kernel knows it (0: not set)
+  bool operator==(const TraceHostClock&) const = default;
+};
+// Reads this host's clocks now (the tightest of a few brackets).
+TraceHostClock read_host_clock();
+
+// One host of a trace merged from several (perfqctl merge): who it was, and
+// how its times were put on the merged timeline (the first host's
+// CLOCK_MONOTONIC): its CLOCK_MONOTONIC plus offset_ns, through both hosts'
+// CLOCK_REALTIME.  uncertainty_ns bounds the error of that at the start (the
+// two snapshot brackets, plus both kernels' estimated realtime error unless
+// both recordings ran on one kernel, whose realtime is then one clock); -1:
+// no bound (a host's realtime was not synchronized).
+struct TraceHost {
+  std::string name;  // host name, made unique within the trace
+  std::string machine_id;
+  std::string boot_id;
+  std::string kernel;
+  std::string file;  // the trace it came from
+  int64_t offset_ns = 0;
+  int64_t uncertainty_ns = 0;
+  std::string alignment;  // how it was aligned, in words
+  bool operator==(const TraceHost&) const = default;
+};
+
 struct TraceMetadata {
   std::string host_name;
+  std::string machine_id;  // /etc/machine-id of the recording host
+  std::string boot_id;     // its kernel's boot id (one per boot)
   std::string kernel;
   std::string cpu;
   std::string perfq_version;
   std::map<std::string, std::string> options;  // recording options
   std::vector<TraceSource> sources;
   std::vector<TraceClockDomain> clock_domains;
+  // Snapshots of the host's clocks, in time order.  merge() appends those
+  // of a later chunk (each chunk carries the new ones only).
+  std::vector<TraceHostClock> host_clocks;
+  // A merged trace's hosts (perfqctl merge), the first the reference; empty
+  // for a trace of one host.
+  std::vector<TraceHost> hosts;
   bool operator==(const TraceMetadata&) const = default;
 
   const TraceSource* find_source(uint16_t id) const;
+  // How outputs name a source: its name, and in a trace of several hosts
+  // "HOST:NAME" (every report and export names sources through this).
+  std::string source_label(const TraceSource& s) const;
   // Fills host_name, kernel (uname), cpu (/proc/cpuinfo model name),
   // perfq_version and the standard clock domains.  Leaves sources alone.
   void describe_this_host();
@@ -382,6 +435,30 @@ class TraceReader {
   explicit TraceReader(std::unique_ptr<Impl> impl);
   std::unique_ptr<Impl> impl_;
 };
+
+// ---------------------------------------------------------------------------
+// Merging traces of several hosts (perfqctl merge)
+
+struct TraceMergeOptions {
+  bool replace = false;  // an existing output is replaced (else refused)
+};
+struct TraceMergeSummary {
+  uint64_t records = 0;
+  std::vector<TraceHost> hosts;       // as the merged trace's metadata states them
+  std::vector<std::string> warnings;  // inputs that ended early or had structure faults
+};
+// One trace of every input on the first input's timeline (its host's
+// CLOCK_MONOTONIC): each other host's times are put there through both
+// hosts' CLOCK_REALTIME, from the clock snapshots each trace carries
+// (TraceHostClock, interpolated between them), and its sources get ids of
+// their own (TraceSource::host names the host).  Reads each input twice,
+// holding a few chunks of each at a time, whatever their size.  Fails for an
+// input without clock snapshots (written before perfq recorded them) or one
+// that cannot be read at all; an input that ends early is merged up to there
+// (a warning says so).
+Result<TraceMergeSummary> merge_traces(const std::vector<std::string>& inputs,
+                                       const std::string& output,
+                                       const TraceMergeOptions& options = {});
 
 const char* record_kind_name(uint16_t kind);  // "begin", "end", ... "invalid"
 

@@ -11,7 +11,7 @@ namespace perfq::report_format {
 
 inline std::string source_name(const TraceReport& r, uint16_t id) {
   const TraceSource* s = r.metadata.find_source(id);
-  return s ? s->name : fmt::format("source {}", id);
+  return s ? r.metadata.source_label(*s) : fmt::format("source {}", id);
 }
 
 inline const char* source_kind(const TraceReport& r, uint16_t id) {

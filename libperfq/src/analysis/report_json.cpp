@@ -27,11 +27,9 @@ ordered_json dist_json(const LatencyStats& d) {
 ordered_json sources_json(const TraceReport& r) {
   ordered_json sources = ordered_json::array();
   for (const auto& s : r.metadata.sources) {
-    ordered_json src = {{"id", s.id},
-                        {"kind", trace_source_kind_name(s.kind)},
-                        {"name", s.name},
-                        {"pci_address", s.pci_address},
-                        {"link", s.link}};
+    ordered_json src = {{"id", s.id},     {"kind", trace_source_kind_name(s.kind)},
+                        {"name", s.name}, {"pci_address", s.pci_address},
+                        {"link", s.link}, {"host", s.host}};
     if (s.pci) src["pci"] = ordered_json::parse(pci_device_to_json(*s.pci).dump());
     if (s.ended)
       src["ended"] = {
@@ -271,6 +269,21 @@ std::string report_to_json(const TraceReport& r) {
                {"kernel", r.metadata.kernel},
                {"cpu", r.metadata.cpu},
                {"perfq_version", r.metadata.perfq_version}};
+  // A merged trace's hosts (perfqctl merge): each one's alignment on the
+  // first one's timeline, and its bound (-1: none).
+  if (!r.metadata.hosts.empty()) {
+    ordered_json hosts = ordered_json::array();
+    for (const auto& h : r.metadata.hosts)
+      hosts.push_back({{"name", h.name},
+                       {"machine_id", h.machine_id},
+                       {"boot_id", h.boot_id},
+                       {"kernel", h.kernel},
+                       {"file", h.file},
+                       {"offset_ns", h.offset_ns},
+                       {"uncertainty_ns", h.uncertainty_ns},
+                       {"alignment", h.alignment}});
+    j["hosts"] = std::move(hosts);
+  }
   j["sources"] = sources_json(r);
   j["first_ns"] = r.first_ns;
   j["last_ns"] = r.last_ns;

@@ -165,6 +165,17 @@ std::string report_to_text(const TraceReport& r) {
   if (r.stopped_early.empty() && r.problems.empty() && !r.clean_end) {
     line("note: no end chunk (the writer did not close the file); all chunks are complete");
   }
+  for (size_t i = 0; i < r.metadata.hosts.size(); ++i) {
+    const TraceHost& h = r.metadata.hosts[i];
+    line(fmt::format("host {:<9} {} ({}): {}", h.name, h.file, h.kernel,
+                     i == 0 ? std::string("the reference timeline")
+                     : h.uncertainty_ns < 0
+                         ? fmt::format("offset {:+.3f} us, NO BOUND: {}",
+                                       static_cast<double>(h.offset_ns) / 1e3, h.alignment)
+                         : fmt::format("offset {:+.3f} us, within +-{:.3f} us",
+                                       static_cast<double>(h.offset_ns) / 1e3,
+                                       static_cast<double>(h.uncertainty_ns) / 1e3)));
+  }
   pci_text(r, line);
   line(fmt::format(
       "duration      {}{}", ns_text(r.duration_ns),

@@ -1,8 +1,11 @@
 // TraceMetadata of a trace and its JSON form (the payload of metadata chunks).
+#include <sys/timex.h>
 #include <sys/utsname.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <climits>
 #include <cmath>
 #include <cstring>
 #include <fstream>
@@ -33,9 +36,22 @@ const TraceSource* TraceMetadata::find_source(uint16_t sid) const {
   return nullptr;
 }
 
+std::string TraceMetadata::source_label(const TraceSource& s) const {
+  if (hosts.size() > 1 && s.host < hosts.size()) return hosts[s.host].name + ":" + s.name;
+  return s.name;
+}
+
 void TraceMetadata::describe_this_host() {
   char host[256] = {};
   if (gethostname(host, sizeof host - 1) == 0) host_name = host;
+  auto first_line = [](const char* path) {
+    std::ifstream f(path);
+    std::string l;
+    std::getline(f, l);
+    return l;
+  };
+  machine_id = first_line("/etc/machine-id");
+  boot_id = first_line("/proc/sys/kernel/random/boot_id");
   struct utsname u;
   if (uname(&u) == 0) kernel = std::string(u.sysname) + " " + u.release + " " + u.machine;
   std::ifstream cpuinfo("/proc/cpuinfo");
@@ -58,6 +74,12 @@ void TraceMetadata::describe_this_host() {
 
 void TraceMetadata::merge(const TraceMetadata& later) {
   if (!later.host_name.empty()) host_name = later.host_name;
+  if (!later.machine_id.empty()) machine_id = later.machine_id;
+  if (!later.boot_id.empty()) boot_id = later.boot_id;
+  for (const auto& c : later.host_clocks)
+    if (std::find(host_clocks.begin(), host_clocks.end(), c) == host_clocks.end())
+      host_clocks.push_back(c);
+  if (!later.hosts.empty()) hosts = later.hosts;
   if (!later.kernel.empty()) kernel = later.kernel;
   if (!later.cpu.empty()) cpu = later.cpu;
   if (!later.perfq_version.empty()) perfq_version = later.perfq_version;
@@ -87,6 +109,9 @@ void TraceMetadata::merge(const TraceMetadata& later) {
 std::string trace_metadata_to_json(const TraceMetadata& m) {
   json j;
   j["host_name"] = m.host_name;
+  // Added with multi-host merging; absent in older traces.
+  if (!m.machine_id.empty()) j["machine_id"] = m.machine_id;
+  if (!m.boot_id.empty()) j["boot_id"] = m.boot_id;
   j["kernel"] = m.kernel;
   j["cpu"] = m.cpu;
   j["perfq_version"] = m.perfq_version;
@@ -117,6 +142,7 @@ std::string trace_metadata_to_json(const TraceMetadata& m) {
       js["threads"] = std::move(threads);
     }
     // Added with device timeouts; absent when the source lasted the recording.
+    if (s.host != 0) js["host"] = s.host;
     if (s.ended)
       js["ended"] = {
           {"state", s.ended->state}, {"time_ns", s.ended->time_ns}, {"reason", s.ended->reason}};
@@ -128,6 +154,32 @@ std::string trace_metadata_to_json(const TraceMetadata& m) {
     domains.push_back({{"id", d.id}, {"name", d.name}, {"description", d.description}});
   }
   j["clock_domains"] = std::move(domains);
+  if (!m.host_clocks.empty()) {
+    json clocks = json::array();
+    for (const auto& c : m.host_clocks)
+      clocks.push_back({{"monotonic_ns", c.monotonic_ns},
+                        {"realtime_ns", c.realtime_ns},
+                        {"bracket_ns", c.bracket_ns},
+                        {"synchronized", c.synchronized},
+                        {"esterror_ns", c.esterror_ns},
+                        {"maxerror_ns", c.maxerror_ns},
+                        {"status", c.status},
+                        {"tai_offset_s", c.tai_offset_s}});
+    j["host_clocks"] = std::move(clocks);
+  }
+  if (!m.hosts.empty()) {
+    json hosts = json::array();
+    for (const auto& h : m.hosts)
+      hosts.push_back({{"name", h.name},
+                       {"machine_id", h.machine_id},
+                       {"boot_id", h.boot_id},
+                       {"kernel", h.kernel},
+                       {"file", h.file},
+                       {"offset_ns", h.offset_ns},
+                       {"uncertainty_ns", h.uncertainty_ns},
+                       {"alignment", h.alignment}});
+    j["hosts"] = std::move(hosts);
+  }
   // Replace invalid UTF-8 rather than throw: names come from devices.
   return j.dump(-1, ' ', false, json::error_handler_t::replace);
 }
@@ -140,6 +192,8 @@ Result<TraceMetadata> trace_metadata_from_json(const std::string& text) {
   try {
     TraceMetadata m;
     m.host_name = j.value("host_name", "");
+    m.machine_id = j.value("machine_id", "");
+    m.boot_id = j.value("boot_id", "");
     m.kernel = j.value("kernel", "");
     m.cpu = j.value("cpu", "");
     m.perfq_version = j.value("perfq_version", "");
@@ -177,6 +231,7 @@ Result<TraceMetadata> trace_metadata_from_json(const std::string& text) {
             s.threads.push_back({jt.at("stream").get<uint16_t>(), jt.at("tid").get<uint32_t>(),
                                  jt.value("name", "")});
         }
+        s.host = js.value("host", uint16_t{0});
         if (js.contains("ended") && !js["ended"].is_null()) {
           const json& je = js.at("ended");
           s.ended = TraceSourceEnd{je.at("state").get<std::string>(),
@@ -184,6 +239,21 @@ Result<TraceMetadata> trace_metadata_from_json(const std::string& text) {
         }
         m.sources.push_back(std::move(s));
       }
+    }
+    if (j.contains("host_clocks")) {
+      for (const auto& jc : j.at("host_clocks"))
+        m.host_clocks.push_back(
+            {jc.at("monotonic_ns").get<int64_t>(), jc.at("realtime_ns").get<int64_t>(),
+             jc.value("bracket_ns", int64_t{0}), jc.value("synchronized", false),
+             jc.value("esterror_ns", int64_t{-1}), jc.value("maxerror_ns", int64_t{-1}),
+             jc.value("status", 0), jc.value("tai_offset_s", 0)});
+    }
+    if (j.contains("hosts")) {
+      for (const auto& jh : j.at("hosts"))
+        m.hosts.push_back({jh.value("name", ""), jh.value("machine_id", ""),
+                           jh.value("boot_id", ""), jh.value("kernel", ""), jh.value("file", ""),
+                           jh.value("offset_ns", int64_t{0}),
+                           jh.value("uncertainty_ns", int64_t{-1}), jh.value("alignment", "")});
     }
     if (j.contains("clock_domains")) {
       for (const auto& jd : j.at("clock_domains")) {
@@ -315,6 +385,38 @@ bool operator==(const TraceClockModel& a, const TraceClockModel& b) {
          a.model.rate_ppb == b.model.rate_ppb && a.model.uncertainty_ns == b.model.uncertainty_ns &&
          a.model.valid_from_device == b.model.valid_from_device &&
          a.model.segment == b.model.segment && a.model.flags == b.model.flags;
+}
+
+TraceHostClock read_host_clock() {
+  auto read = [](clockid_t id) {
+    timespec ts{};
+    clock_gettime(id, &ts);
+    return int64_t{ts.tv_sec} * 1'000'000'000 + ts.tv_nsec;
+  };
+  TraceHostClock c;
+  int64_t best = INT64_MAX;
+  for (int i = 0; i < 8; ++i) {
+    const int64_t m1 = read(CLOCK_MONOTONIC);
+    const int64_t r = read(CLOCK_REALTIME);
+    const int64_t m2 = read(CLOCK_MONOTONIC);
+    if (m2 - m1 < best) {
+      best = m2 - m1;
+      c.monotonic_ns = m1 + (m2 - m1) / 2;
+      c.realtime_ns = r;
+      c.bracket_ns = m2 - m1;
+    }
+  }
+  // Read only (modes 0): esterror and maxerror are in microseconds.
+  timex tx{};
+  const int state = adjtimex(&tx);
+  if (state >= 0) {
+    c.status = tx.status;
+    c.synchronized = state != TIME_ERROR && (tx.status & STA_UNSYNC) == 0;
+    c.esterror_ns = int64_t{tx.esterror} * 1000;
+    c.maxerror_ns = int64_t{tx.maxerror} * 1000;
+    c.tai_offset_s = tx.tai;
+  }
+  return c;
 }
 
 }  // namespace perfq

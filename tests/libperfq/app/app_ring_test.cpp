@@ -83,6 +83,7 @@ TEST_CASE("app ring: what a daemon could break is refused with the reason", "[ap
   refused(fd.get(), reply(8, 64), "does not match the reply");
   refused(fd.get(), reply(7, 48), "not a power of two");
   refused(fd.get(), reply(70000, 64), "no stream id");
-  refused(fd.get(), json{{"ok", true}, {"stream", uint64_t{7}}, {"ring_records", "64"}}, "no ring_records");
+  refused(fd.get(), json{{"ok", true}, {"stream", uint64_t{7}}, {"ring_records", "64"}},
+          "no ring_records");
   refused(-1, reply(7, 64), "no memfd");
 }

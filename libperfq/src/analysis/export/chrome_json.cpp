@@ -132,7 +132,7 @@ class ChromeExport : public TraceVisitor {
       t.tid = stream + 1u;
       name = fmt::format("cpu {}", stream);
     } else if (th && th->tid) {
-      t.tid = th->tid;
+      t.tid = names_.host_id(source, th->tid);
       name = th->name.empty() ? fmt::format("thread {}", th->tid) : th->name;
     } else {
       t.tid = t.pid * 100000u % 0x7fffffffu + stream;  // unknown: distinct per process
@@ -149,7 +149,7 @@ class ChromeExport : public TraceVisitor {
     uint16_t source = r.source, stream = r.rec.stream;
     if (names_.is_kernel(source)) {
       // A kernel event of an application thread goes on that thread.
-      if (const auto* th = names_.thread_of_tid(static_cast<uint32_t>(r.rec.arg))) {
+      if (const auto* th = names_.thread_of_tid(r.source, static_cast<uint32_t>(r.rec.arg))) {
         source = th->first;
         stream = th->second;
       }

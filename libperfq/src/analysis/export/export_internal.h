@@ -82,12 +82,22 @@ class Names {
     cache_.clear();
     thread_of_tid_.clear();
     for (const auto& s : m.sources)
-      for (const auto& t : s.threads) thread_of_tid_[t.tid] = {s.id, t.stream};
+      for (const auto& t : s.threads)
+        thread_of_tid_[(uint64_t{s.host} << 32) | t.tid] = {s.id, t.stream};
   }
-  // The host application thread (source, stream) with kernel thread id tid.
-  const std::pair<uint16_t, uint16_t>* thread_of_tid(uint32_t tid) const {
-    auto it = thread_of_tid_.find(tid);
+  // The host application thread (source, stream) with kernel thread id tid
+  // on the host of kernel source `kernel` (a merged trace has several).
+  const std::pair<uint16_t, uint16_t>* thread_of_tid(uint16_t kernel, uint32_t tid) const {
+    const TraceSource* k = meta_.find_source(kernel);
+    auto it = thread_of_tid_.find((uint64_t{k ? k->host : 0u} << 32) | tid);
     return it == thread_of_tid_.end() ? nullptr : &it->second;
+  }
+  // A host's pids and tids in a viewer's one namespace: those of the k-th
+  // host of a merged trace moved up by k x 2^22 (Linux's largest pid_max),
+  // so that two hosts' processes never merge into one.
+  uint32_t host_id(uint16_t source, uint32_t id) const {
+    const TraceSource* s = meta_.find_source(source);
+    return s && s->host ? id + (uint32_t{s->host} << 22) : id;
   }
   const TraceThread* thread(uint16_t source, uint16_t stream) const {
     const TraceSource* s = meta_.find_source(source);
@@ -113,7 +123,7 @@ class Names {
   }
   std::string source_name(uint16_t id) const {
     const TraceSource* s = meta_.find_source(id);
-    return s ? s->name : fmt::format("source_{}", id);
+    return s ? meta_.source_label(*s) : fmt::format("source_{}", id);
   }
   bool is_device(uint16_t id) const {
     const TraceSource* s = meta_.find_source(id);
@@ -121,14 +131,14 @@ class Names {
   }
   uint32_t pid(uint16_t id) const {
     const TraceSource* s = meta_.find_source(id);
-    if (s && s->kind == TraceSourceKind::kHost && s->pid) return s->pid;
+    if (s && s->kind == TraceSourceKind::kHost && s->pid) return host_id(id, s->pid);
     return 1000000u + id;  // synthetic, out of the usual pid range
   }
 
  private:
   TraceMetadata meta_;
   std::unordered_map<uint64_t, Info> cache_;
-  std::unordered_map<uint32_t, std::pair<uint16_t, uint16_t>> thread_of_tid_;
+  std::unordered_map<uint64_t, std::pair<uint16_t, uint16_t>> thread_of_tid_;  // host << 32 | tid
 };
 
 // export_trace()'s pass of the reader over a visitor (a torn tail is no

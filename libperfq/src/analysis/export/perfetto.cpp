@@ -271,10 +271,10 @@ class PerfettoExport : public TraceVisitor {
     const TraceSource* s = names_.metadata().find_source(id);
     std::string name = names_.source_name(id);
     if (s && s->kind == TraceSourceKind::kDevice) {
-      name = fmt::format("device {} ({})", s->name,
+      name = fmt::format("device {} ({})", names_.source_name(id),
                          s->pci_address.empty() ? region_of(id) : s->pci_address);
     } else if (s && s->kind == TraceSourceKind::kKernel) {
-      name = "kernel";
+      name = names_.source_name(id);  // "kernel", or "HOST:kernel"
     }
     Pb pd;
     pd.u64(pf::kPdPid, names_.pid(id));
@@ -338,7 +338,8 @@ class PerfettoExport : public TraceVisitor {
       Pb th;
       const TraceThread* tt = names_.thread(s, st);
       th.u64(pf::kThPid, names_.pid(s));
-      th.u64(pf::kThTid, tt && tt->tid ? tt->tid : names_.pid(s) * 100000ull % 0x7fffffff + st);
+      th.u64(pf::kThTid, tt && tt->tid ? names_.host_id(s, tt->tid)
+                                       : names_.pid(s) * 100000ull % 0x7fffffff + st);
       th.bytes(pf::kThName, tt && !tt->name.empty() ? tt->name : fmt::format("thread {}", st));
       td.msg(pf::kTdThread, th);
     }
@@ -484,7 +485,7 @@ class PerfettoExport : public TraceVisitor {
     if (names_.is_kernel(s)) {
       // A kernel event of an application thread goes on that thread's
       // tracks, as slices; those of other threads on their CPU's track.
-      if (const auto* th = names_.thread_of_tid(static_cast<uint32_t>(r.rec.arg))) {
+      if (const auto* th = names_.thread_of_tid(r.source, static_cast<uint32_t>(r.rec.arg))) {
         kernel_on_thread(r, ev.name, th->first, th->second);
         return;
       }
