@@ -3,9 +3,9 @@
  *
  *   perfq-example [N]
  *
- * N times (default 1000): a "copy" range in category "io", with the bytes
- * and the queue packed into its argument, a "done" instant and a "queue"
- * counter.  With perfq-daemon recording, the records land in its trace;
+ * N times (default 1000): a "copy" range in category "io", with two
+ * numbers, the bytes and the queue (perfq_event2()), a "done" instant and
+ * a "queue" counter.  With perfq-daemon recording, the records land in its trace;
  * without a daemon they are counted as dropped.  PERFQ_CATEGORIES=-io
  * leaves the copies out.  Prints one line: "events E recorded R errors X",
  * E every record the library counted, R those written; exits 1 if a perfq
@@ -33,11 +33,11 @@ int main(int argc, char** argv) {
   static char src[4096], dst[4096];
 
   perfq_init("perfq-example", NULL); /* optional: names the application */
-  copy_ev = perfq_event("copy", PERFQ_KIND_BEGIN);
+  copy_ev = perfq_event2("copy", PERFQ_KIND_BEGIN, "bytes", "queue");
   done_ev = perfq_event("done", PERFQ_KIND_INSTANT);
   queue_ev = perfq_event("queue", PERFQ_KIND_COUNTER);
   io = perfq_category("io");
-  if (!copy_ev || !done_ev || !queue_ev) perror("perfq_event");
+  if (!copy_ev || !done_ev || !queue_ev) perror("perfq: an event");
   perfq_wait_connected(200); /* a daemon, if there is one */
 
   for (unsigned long i = 0; i < n; i++) {

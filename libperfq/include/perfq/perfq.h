@@ -54,19 +54,22 @@
  * included, every function below is a static inline no-op and every macro
  * expands to nothing that records: the program needs no libperfq to link.
  * The no-ops return what a working library without a daemon would, except
- * perfq_event(), which returns 1 so that error checks stay quiet.
+ * perfq_event() and perfq_event2(), which return 1 so that error checks
+ * stay quiet.
  *
- * Not in this API, and why:
- *  - string arguments (interned once, as the Perfetto SDK interns them): a
- *    record carries one 64-bit arg, and the trace file's dictionaries name
- *    events only; an interned string would need a second dictionary per
- *    source in the application protocol, the trace's metadata, the reader,
- *    every export and the report.  An event name is an interned string:
- *    register the few strings you need as instant events.
- *  - a typed second argument: the 32-byte record (perfq_abi.h) has room for
- *    one arg.  PERFQ_ARG2() packs two 32-bit numbers (bytes and a queue id)
- *    into it, but the dictionary does not say so: the trace, the report and
- *    the exports show the packed 64-bit value (hi * 2^32 + lo).
+ * Two numbers in one record (bytes and a queue id): the 32-byte record
+ * (perfq_abi.h) has one 64-bit arg.  An event registered with
+ * perfq_event2() names the two 32-bit halves of its arg, PERFQ_ARG2()
+ * packs them, and the Perfetto and Chrome JSON exports show the two
+ * numbers under their names; CSV and CTF carry the packed arg.
+ *
+ * Not in this API, and why: string arguments (interned once, as the
+ * Perfetto SDK interns them).  A record carries one 64-bit arg and the
+ * trace file's dictionaries name events only; an interned string would
+ * need a dictionary of strings per source in the application protocol, the
+ * trace's metadata, the reader, every export and the report.  An event name
+ * is an interned string: register the few strings you need as instant
+ * events.
  */
 #ifndef PERFQ_H
 #define PERFQ_H
@@ -131,8 +134,12 @@ static inline int perfq_category_enabled(const struct perfq_category* c)
 #endif
 }
 
-/* Pack two 32-bit numbers into one arg: hi in the upper half, lo in the
- * lower.  The trace shows the 64-bit value (see "Not in this API" above). */
+/* The longest name of one of an event's two args (perfq_event2()), with
+ * its NUL. */
+#define PERFQ_ARG_NAME_LEN 32u
+
+/* The arg of an event of perfq_event2(): hi in the upper 32 bits, lo in
+ * the lower. */
 #define PERFQ_ARG2(hi, lo) ((uint64_t)(uint32_t)(hi) << 32 | (uint64_t)(uint32_t)(lo))
 
 #ifndef PERFQ_DISABLE
@@ -160,6 +167,18 @@ int perfq_init(const char* app_name, const char* socket_path);
  * Takes a lock and may talk to the daemon: register once, record often.
  */
 uint32_t perfq_event(const char* name, int kind);
+
+/*
+ * Register an event whose arg is two 32-bit numbers, recorded as
+ * PERFQ_ARG2(hi, lo): arg_hi names the upper one, arg_lo the lower (1 to
+ * PERFQ_ARG_NAME_LEN-1 bytes each), and the exports show both under these
+ * names.  kind: PERFQ_KIND_BEGIN or PERFQ_KIND_INSTANT.  As perfq_event()
+ * otherwise; the errors are the same, and also EINVAL for a NULL or empty
+ * arg name or PERFQ_KIND_COUNTER (a counter's arg is its value),
+ * ENAMETOOLONG for an arg name too long, EEXIST for a name registered with
+ * other arg names or as a one-number event.
+ */
+uint32_t perfq_event2(const char* name, int kind, const char* arg_hi, const char* arg_lo);
 
 /* Record an event with the calling thread's ring.  arg: correlation id,
  * byte count... (counter: the value).  Never blocks. */
@@ -232,6 +251,15 @@ static inline uint32_t perfq_event(const char* name, int kind)
 {
 	(void)name;
 	(void)kind;
+	return 1;
+}
+static inline uint32_t perfq_event2(const char* name, int kind, const char* arg_hi,
+				    const char* arg_lo)
+{
+	(void)name;
+	(void)kind;
+	(void)arg_hi;
+	(void)arg_lo;
 	return 1;
 }
 static inline void perfq_begin(uint32_t event, uint64_t arg)

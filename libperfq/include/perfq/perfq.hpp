@@ -37,6 +37,10 @@ class Event {
  public:
   explicit Event(const char* name, EventKind kind = EventKind::kSpan) noexcept
       : id_(perfq_event(name, static_cast<int>(kind))), error_(id_ ? 0 : errno) {}
+  // An event whose arg is two 32-bit numbers named arg_hi and arg_lo
+  // (perfq_event2()): record it with arg2(hi, lo).
+  Event(const char* name, EventKind kind, const char* arg_hi, const char* arg_lo) noexcept
+      : id_(perfq_event2(name, static_cast<int>(kind), arg_hi, arg_lo)), error_(id_ ? 0 : errno) {}
   uint32_t id() const noexcept { return id_; }
   int error() const noexcept { return error_; }
   explicit operator bool() const noexcept { return id_ != 0; }
@@ -58,6 +62,9 @@ class Category {
  private:
   const struct perfq_category* c_;
 };
+
+// The arg of an event of two numbers: PERFQ_ARG2(hi, lo).
+constexpr uint64_t arg2(uint32_t hi, uint32_t lo) noexcept { return uint64_t{hi} << 32 | lo; }
 
 inline void span_begin(const Event& e, uint64_t arg = 0) noexcept { perfq_begin(e.id(), arg); }
 inline void span_end(const Event& e, uint64_t arg = 0) noexcept { perfq_end(e.id(), arg); }

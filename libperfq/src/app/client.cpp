@@ -120,7 +120,8 @@ class Client {
   void release_ring_locked(ThreadState* t);
   int acquire_ring_locked(ThreadState* t);
   void thread_exit(ThreadState* t);
-  uint32_t register_event(const char* name, int kind);
+  uint32_t register_event(const char* name, int kind, const char* arg_hi = nullptr,
+                          const char* arg_lo = nullptr);
   struct perfq_category* category(const char* name);
   int category_enable(const char* name, int enabled);
   int thread_init(const char* name);
@@ -539,21 +540,36 @@ ThreadExitHook::~ThreadExitHook() {
   if (armed && t_state) client().thread_exit(t_state);
 }
 
-uint32_t Client::register_event(const char* name, int kind) {
+uint32_t Client::register_event(const char* name, int kind, const char* arg_hi,
+                                const char* arg_lo) {
   size_t len = 0;
   if (const int err = check_name(name, &len)) return refuse(err, uint32_t{0});
   if (kind < PERFQ_KIND_BEGIN || kind > PERFQ_KIND_COUNTER) return refuse(EINVAL, uint32_t{0});
+  const bool two = arg_hi || arg_lo;
+  size_t hi_len = 0, lo_len = 0;
+  if (two) {
+    // A counter's arg is its value: one number.
+    if (kind == PERFQ_KIND_COUNTER || !arg_hi || !arg_lo) return refuse(EINVAL, uint32_t{0});
+    hi_len = ::strnlen(arg_hi, PERFQ_ARG_NAME_LEN);
+    lo_len = ::strnlen(arg_lo, PERFQ_ARG_NAME_LEN);
+    if (hi_len == 0 || lo_len == 0) return refuse(EINVAL, uint32_t{0});
+    if (hi_len >= PERFQ_ARG_NAME_LEN || lo_len >= PERFQ_ARG_NAME_LEN)
+      return refuse(ENAMETOOLONG, uint32_t{0});
+  }
   ensure_started();
   try {
+    std::vector<std::string> args;
+    if (two) args = {std::string(arg_hi, hi_len), std::string(arg_lo, lo_len)};
     std::lock_guard l(mu_);
     const std::string n(name, len);
     if (auto it = by_name_.find(n); it != by_name_.end()) {
-      if (events_[it->second - 1].kind != kind) return refuse(EEXIST, uint32_t{0});
+      const EventInfo& e = events_[it->second - 1];
+      if (e.kind != kind || e.args != args) return refuse(EEXIST, uint32_t{0});
       return it->second;
     }
     if (events_.size() >= 65535) return refuse(ENOSPC, uint32_t{0});
     const uint32_t id = static_cast<uint32_t>(events_.size() + 1);
-    events_.push_back({id, static_cast<uint16_t>(kind), n});
+    events_.push_back({id, static_cast<uint16_t>(kind), n, std::move(args)});
     by_name_.emplace(n, id);
     // Known to the daemon before any record can carry the id.  A failure
     // breaks the connection; the next one sends every event in the hello.
@@ -708,6 +724,12 @@ int perfq_init(const char* app_name, const char* socket_path) {
 
 uint32_t perfq_event(const char* name, int kind) {
   return perfq::client().register_event(name, kind);
+}
+
+uint32_t perfq_event2(const char* name, int kind, const char* arg_hi, const char* arg_lo) {
+  // Both NULL would register a one-number event: refused like one NULL.
+  if (!arg_hi && !arg_lo) arg_hi = "";
+  return perfq::client().register_event(name, kind, arg_hi, arg_lo);
 }
 
 void perfq_begin(uint32_t event, uint64_t arg) { perfq::record(event, PERFQ_KIND_BEGIN, arg); }

@@ -13,13 +13,15 @@ int main() {
   static const perfq::Event tick{"tick", perfq::EventKind::kInstant};
   static const perfq::Event depth{"depth", perfq::EventKind::kCounter};
   static const perfq::Category cat{"cat"};
-  if (!work || work.error() != 0 || cat) return 1;
+  static const perfq::Event two{"two", perfq::EventKind::kInstant, "bytes", "queue"};
+  if (!work || work.error() != 0 || !two || cat) return 1;
   for (uint64_t i = 0; i < 10; ++i) {
     perfq::Scope s{work, i};
     perfq::Scope t{cat, work, i};
     perfq::span_begin(work, i);
     perfq::span_end(work, i);
     perfq::instant(tick, i);
+    perfq::instant(two, perfq::arg2(static_cast<uint32_t>(i), 7));
     perfq::counter(depth, i);
   }
   perfq_stats st{};

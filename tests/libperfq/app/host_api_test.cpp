@@ -631,6 +631,47 @@ TEST_CASE("host api: C++ refusals say why, categories switch Scope", "[host_api]
   perfq_shutdown();
 }
 
+TEST_CASE("host api: an event of two numbers brings their names to the daemon", "[host_api]") {
+  TempDir dir("hostapi");
+  HostApps apps(opts());
+  FakeDaemon daemon(apps, dir.file("d.sock"));
+  REQUIRE(daemon.listen());
+  REQUIRE(perfq_init("two-args", dir.file("d.sock").c_str()) == 0);
+  REQUIRE(perfq_wait_connected(10000) == 1);
+  perfq_stats before{}, after{};
+  perfq_get_stats(&before);
+
+  const Event copy{"copy", EventKind::kSpan, "bytes", "queue"};
+  REQUIRE(copy);
+  CHECK(perfq_event2("copy", PERFQ_KIND_BEGIN, "bytes", "queue") == copy.id());
+  // The same name as one number, or with other names: another event.
+  CHECK(Event("copy", EventKind::kSpan).error() == EEXIST);
+  CHECK(Event("copy", EventKind::kSpan, "bytes", "lane").error() == EEXIST);
+  CHECK(Event("c2", EventKind::kCounter, "a", "b").error() == EINVAL);
+  CHECK(Event("c3", EventKind::kInstant, "", "b").error() == EINVAL);
+  errno = 0;
+  CHECK(perfq_event2("c4", PERFQ_KIND_INSTANT, "a", nullptr) == 0);
+  CHECK(errno == EINVAL);
+  const std::string longest(PERFQ_ARG_NAME_LEN - 1, 'a');
+  CHECK(Event("c5", EventKind::kInstant, longest.c_str(), "b"));
+  CHECK(Event("c6", EventKind::kInstant, "a", (longest + "a").c_str()).error() == ENAMETOOLONG);
+  perfq_get_stats(&after);
+  CHECK(after.errors - before.errors == 6);
+
+  std::thread([&] { Scope s{copy, arg2(4096, 3)}; }).join();
+  Collected c;
+  REQUIRE(collect_until(apps, c, [&] { return c.total >= 2; }));
+  REQUIRE(c.sources.size() >= 1);
+  const TraceSource* src = c.by_pid(static_cast<uint32_t>(getpid()));
+  REQUIRE(src);
+  const EventInfo* e = src->find_event(copy.id());
+  REQUIRE(e);
+  CHECK(e->args == std::vector<std::string>{"bytes", "queue"});
+  for (const auto& [k, v] : c.streams)
+    for (const auto& rec : v) CHECK(rec.arg == (uint64_t{4096} << 32 | 3));
+  perfq_shutdown();
+}
+
 // A hand-written application speaking the protocol, badly.
 class RawApp {
  public:
