@@ -377,9 +377,10 @@ static inline void perfq_scope_end(struct perfq_scope* s)
 #if defined(PERFQ_DISABLE)
 #define PERFQ_SCOPE_IN(category, event, arg) ((void)(category), (void)(event), (void)(arg))
 #elif defined(__GNUC__)
-#define PERFQ_SCOPE_IN(category, event, arg)                                                  \
-	struct perfq_scope PERFQ_CONCAT_(perfq_scope_, __COUNTER__)                         \
-		__attribute__((cleanup(perfq_scope_end))) = perfq_scope_begin((category), (event), (arg))
+#define PERFQ_SCOPE_IN(category, event, arg)                                \
+	struct perfq_scope PERFQ_CONCAT_(perfq_scope_, __COUNTER__)           \
+		__attribute__((cleanup(perfq_scope_end), unused)) =           \
+			perfq_scope_begin((category), (event), (arg))
 #endif
 #ifdef PERFQ_SCOPE_IN
 #define PERFQ_SCOPE(event, arg) PERFQ_SCOPE_IN((const struct perfq_category*)0, event, arg)
