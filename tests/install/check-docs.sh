@@ -135,7 +135,7 @@ if [[ -s $build/man/perfq.3 ]]; then
     grep -oE '^#define PERFQ_[A-Z_0-9]+' "$inc/perfq.h" | awk '{print $2}' | grep -vE '_$|^PERFQ_H$'
     grep -oE '^struct perfq_[a-z_]+ \{' "$inc/perfq.h" | awk '{print $2}'
     grep -oE '^(class|enum class) [A-Za-z]+' "$inc/perfq.hpp" | awk '{print $NF}'
-    grep -oE '^inline [a-z_0-9]+ [a-z_0-9]+\(' "$inc/perfq.hpp" | awk '{print $3}' | tr -d '('
+    grep -oE '^(inline|constexpr) [a-z_0-9]+ [a-z_0-9]+\(' "$inc/perfq.hpp" | awk '{print $3}' | tr -d '('
     grep -oE '^  k[A-Za-z]+ =' "$inc/perfq.hpp" | awk '{print $1}'
   } | sort -u)
   page=$(render "$build/man/perfq.3")
