@@ -8,6 +8,8 @@
 //   bare_push_rdtsc_ns       the same stamped with rdtsc instead of the
 //                            clock: the near-physical limit
 //   perfq_instant_nodaemon_ns  perfq_instant() with no daemon (a no-op that counts)
+//   category_off_ns          perfq_instant() behind a disabled category
+//                            (perfq_category_enabled(): a load and a branch)
 //   clock_ns                 monotonic_ns() alone (clock_gettime)
 //   host_clock_ns            host_clock_ns() alone: the records' timestamp
 //                            (the TSC scaled to CLOCK_MONOTONIC, host_clock.h)
@@ -176,6 +178,22 @@ void BM_perfq_instant_nodaemon(benchmark::State& state) {
 }
 BENCHMARK(BM_perfq_instant_nodaemon);
 
+void BM_category_off(benchmark::State& state) {
+  const uint32_t ev = perfq_event("bench", PERFQ_KIND_INSTANT);
+  struct perfq_category* off = perfq_category("bench-off");
+  if (perfq_category_enable("bench-off", 0) != 0) {
+    state.SkipWithError("perfq_category_enable failed");
+    return;
+  }
+  uint64_t i = 0;
+  for (auto _ : state) {
+    if (perfq_category_enabled(off)) perfq_instant(ev, i);
+    ++i;
+  }
+  state.SetItemsProcessed(static_cast<int64_t>(i));
+}
+BENCHMARK(BM_category_off);
+
 void BM_clock(benchmark::State& state) {
   uint64_t i = 0;
   for (auto _ : state) {
@@ -217,6 +235,8 @@ std::vector<bench::Figure> figures(const bench::Medians& m) {
       {"perfq_instant_ns", unit, "bare_push_ns", ns("BM_perfq_instant"), ns("BM_bare_push")},
       {"perfq_instant_nodaemon_ns", unit, "bare_push_ns", ns("BM_perfq_instant_nodaemon"),
        ns("BM_bare_push")},
+      {"category_off_ns", unit, "perfq_instant_nodaemon_ns", ns("BM_category_off"),
+       ns("BM_perfq_instant_nodaemon")},
       {"clock_ns", unit, "bare_push_ns", ns("BM_clock"), ns("BM_bare_push")},
       {"host_clock_ns", unit, "clock_ns", ns("BM_host_clock"), ns("BM_clock")},
       {"bare_push_rdtsc_ns", unit, "bare_push_ns", ns("BM_bare_push_rdtsc"), ns("BM_bare_push")},

@@ -3,8 +3,10 @@
 # render without warnings and document every option (with its default and
 # environment variable) that the programs in BUILD_DIR/bin list in --help;
 # perfqctl's bash completion offers every subcommand, every option and the
-# values of the enumerated ones.  The --help of the built binaries is the
-# reference, so neither the pages nor the completion can drift from the code.
+# values of the enumerated ones; perfq(3) names every function, macro, type
+# and class of perfq.h and perfq.hpp.  The --help of the built binaries and
+# the installed headers are the reference, so neither the pages nor the
+# completion can drift from the code.
 # One line per check; exits 1 if any failed.
 set -euo pipefail
 
@@ -96,7 +98,7 @@ check_options() {
 }
 
 # --- (a) the pages render without warnings, with the sections a user needs.
-pages=(perfqctl.1 perfq-daemon.8 perfq-devsim.1 perfq-demo-app.1)
+pages=(perfqctl.1 perfq-daemon.8 perfq-devsim.1 perfq-demo-app.1 perfq.3)
 for page in "${pages[@]}"; do
   f=$build/man/$page
   if [[ ! -s $f ]]; then
@@ -112,6 +114,7 @@ for page in "${pages[@]}"; do
   fi
   want=(NAME SYNOPSIS DESCRIPTION OPTIONS FILES "EXIT STATUS" EXAMPLES "SEE ALSO")
   [[ $page == perfq-devsim.1 ]] || want+=(ENVIRONMENT)
+  [[ $page != *.3 ]] || want=(NAME SYNOPSIS DESCRIPTION "RETURN VALUE" ERRORS ENVIRONMENT EXAMPLES "SEE ALSO")
   text=$(render "$f")
   missing=()
   for s in "${want[@]}"; do grep -qx -- "$s" <<<"$text" || missing+=("$s"); done
@@ -121,6 +124,29 @@ for page in "${pages[@]}"; do
     pass "$page: has ${want[*]}"
   fi
 done
+
+# --- (a') perfq(3) names everything public of the application API: the
+# functions, macros and types of perfq.h, the classes, functions and
+# enumerators of perfq.hpp (not the helpers that end in '_').
+if [[ -s $build/man/perfq.3 ]]; then
+  inc=$src/libperfq/include/perfq
+  api=$( {
+    grep -oE '^[a-z][^(]*[^a-z_0-9]perfq_[a-z_0-9]+\(' "$inc/perfq.h" | grep -oE 'perfq_[a-z_0-9]+\($' | tr -d '('
+    grep -oE '^#define PERFQ_[A-Z_0-9]+' "$inc/perfq.h" | awk '{print $2}' | grep -vE '_$|^PERFQ_H$'
+    grep -oE '^struct perfq_[a-z_]+ \{' "$inc/perfq.h" | awk '{print $2}'
+    grep -oE '^(class|enum class) [A-Za-z]+' "$inc/perfq.hpp" | awk '{print $NF}'
+    grep -oE '^(inline|constexpr) [a-z_0-9]+ [a-z_0-9]+\(' "$inc/perfq.hpp" | awk '{print $3}' | tr -d '('
+    grep -oE '^  k[A-Za-z]+ =' "$inc/perfq.hpp" | awk '{print $1}'
+  } | sort -u)
+  page=$(render "$build/man/perfq.3")
+  missing=()
+  for name in $api; do has_word "$name" <<<"$page" || missing+=("$name"); done
+  if ((${#missing[@]})); then
+    fail "perfq.3: does not name ${missing[*]}"
+  else
+    pass "perfq.3: names all $(wc -w <<<"$api") public names of perfq.h and perfq.hpp"
+  fi
+fi
 
 # --- (b) every option of every program, from its --help, is in its page.
 if [[ -s $build/man/perfq-daemon.8 ]]; then

@@ -7,6 +7,9 @@
 #   - another project builds against it three ways and the programs run:
 #     CMake find_package(perfq) with perfq::perfq (shared) and
 #     perfq::perfq_static, and a C program with pkg-config's flags;
+#   - the installed example (share/doc/perfq/examples/app, perfq(3)) builds
+#     with its CMakeLists.txt and its Makefile and runs with no
+#     LD_LIBRARY_PATH;
 #   - the uninstall leaves no file behind.
 # One line per check; exits 1 if any failed.
 set -euo pipefail
@@ -35,7 +38,9 @@ for f in bin/perfq-daemon bin/perfqctl bin/perfq-devsim bin/perfq-demo-app \
          "$libdir/libperfq.a" "$libdir/pkgconfig/perfq.pc" "$libdir/cmake/perfq/perfqConfig.cmake" \
          include/perfq/perfq.h include/perfq/perfq_abi.h \
          share/man/man1/perfqctl.1 share/man/man8/perfq-daemon.8 share/man/man1/perfq-devsim.1 \
-         share/man/man1/perfq-demo-app.1 \
+         share/man/man1/perfq-demo-app.1 share/man/man3/perfq.3 \
+         share/doc/perfq/examples/app/app.c share/doc/perfq/examples/app/CMakeLists.txt \
+         share/doc/perfq/examples/app/Makefile \
          share/bash-completion/completions/perfqctl; do
   check "installed: $prefix/$f" test -s "$root/$f"
 done
@@ -139,6 +144,35 @@ CPP
 check "find_package(perfq) configures another project" \
   cmake -S "$work/consumer" -B "$work/consumer/b" -G Ninja -DCMAKE_PREFIX_PATH="$root"
 check "it builds against perfq::perfq and perfq::perfq_static" cmake --build "$work/consumer/b"
+
+# The installed example, as a user copies and builds it, run with no
+# LD_LIBRARY_PATH and no daemon (its records are counted as dropped):
+# 1000 copies (begin, end), instants and counters, 2000 fewer with the
+# copies' category off.  CMake links it with a RUNPATH to the library it
+# found; the Makefile's build gets one from LDFLAGS here, because a library
+# staged in a DESTDIR is where no dynamic loader looks (installed in /usr,
+# it needs none).
+ex=$root/share/doc/perfq/examples/app
+runex="env -u LD_LIBRARY_PATH PERFQ_SOCKET='$work/nodaemon.sock'"
+cp -r "$ex" "$work/example-cmake"
+cp -r "$ex" "$work/example-make"
+check "the example configures with find_package(perfq)" \
+  cmake -S "$work/example-cmake" -B "$work/example-cmake/b" -G Ninja -DCMAKE_PREFIX_PATH="$root" \
+  -DCMAKE_C_FLAGS="-Wall -Wextra -Werror"
+check "the example builds with CMake" cmake --build "$work/example-cmake/b"
+check "the example built with make and pkg-config" \
+  env PKG_CONFIG_PATH="$root/$libdir/pkgconfig" PKG_CONFIG_SYSROOT_DIR="$dest" \
+  make -C "$work/example-make" CFLAGS="-O2 -Wall -Wextra -Werror" LDFLAGS="-Wl,-rpath,$root/$libdir"
+for how in cmake/b make; do
+  bin=$work/example-${how}/perfq-example
+  check "example ($how) loads the installed libperfq.so.$major" \
+    sh -c "env -u LD_LIBRARY_PATH ldd '$bin' | grep -q 'libperfq.so.$major => $root/$libdir/'"
+  check "example ($how) runs: 4000 events, no error" \
+    sh -c "$runex '$bin' | grep -qx 'events 4000 recorded 0 errors 0'"
+  check "example ($how) with PERFQ_CATEGORIES=-io: 2000 events" \
+    sh -c "$runex PERFQ_CATEGORIES=-io '$bin' | grep -qx 'events 2000 recorded 0 errors 0'"
+done
+
 export LD_LIBRARY_PATH=$root/$libdir
 check "app_shared runs: 3 events counted" sh -c "'$work/consumer/b/app_shared' | grep -qx 'events 3'"
 check "app_shared needs libperfq.so.$major" sh -c "readelf -d '$work/consumer/b/app_shared' | grep -q 'NEEDED.*libperfq.so.$major'"

@@ -23,7 +23,9 @@ std::string clean_name(const std::string& s, size_t max) {
 }
 
 nlohmann::json event_to_json(const EventInfo& e) {
-  return {{"id", e.event}, {"name", e.name}, {"kind", e.kind}};
+  nlohmann::json j = {{"id", e.event}, {"name", e.name}, {"kind", e.kind}};
+  if (!e.args.empty()) j["args"] = e.args;
+  return j;
 }
 
 Status parse_events(const nlohmann::json& arr, size_t max_id, std::vector<EventInfo>* out) {
@@ -43,7 +45,21 @@ Status parse_events(const nlohmann::json& arr, size_t max_id, std::vector<EventI
       return Status(Errc::kInvalidArgument, "event kind " + std::to_string(kind) + " invalid");
     if (name.empty() || name.size() >= PERFQ_EVENT_NAME_LEN)
       return Status(Errc::kInvalidArgument, "event name must be 1 to 47 bytes");
-    out->push_back({static_cast<uint32_t>(id), static_cast<uint16_t>(kind), clean_name(name, 47)});
+    std::vector<std::string> args;
+    if (e.contains("args")) {
+      const auto& a = e["args"];
+      if (!a.is_array() || a.size() != 2 || !a[0].is_string() || !a[1].is_string())
+        return Status(Errc::kInvalidArgument, "event args must be two names");
+      for (const auto& n : a) {
+        const std::string s = n.get<std::string>();
+        if (s.empty() || s.size() > kArgNameMax)
+          return Status(Errc::kInvalidArgument,
+                        "event arg names must be 1 to " + std::to_string(kArgNameMax) + " bytes");
+        args.push_back(clean_name(s, kArgNameMax));
+      }
+    }
+    out->push_back({static_cast<uint32_t>(id), static_cast<uint16_t>(kind), clean_name(name, 47),
+                    std::move(args)});
   }
   return Status::ok();
 }

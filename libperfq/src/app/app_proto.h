@@ -34,20 +34,25 @@
 #include "core/mapping.h"
 #include "core/spsc_ring.h"
 #include "perfq/event_info.h"
+#include "perfq/perfq.h"
 #include "perfq/status.h"
 
 namespace perfq {
 
 inline constexpr int kAppProtoVersion = 1;
+// The longest name of one of an event's two args (perfq_event2()).
+inline constexpr size_t kArgNameMax = PERFQ_ARG_NAME_LEN - 1;
 
 // Printable ASCII, at most max bytes: names from applications end up in
 // logs, status output and trace metadata.
 std::string clean_name(const std::string& s, size_t max);
 
-// One event as the "events" arrays carry it: {"id":..,"name":..,"kind":..}.
+// One event as the "events" arrays carry it: {"id":..,"name":..,"kind":..},
+// and "args":[hi,lo] for an event whose arg packs two 32-bit numbers.
 nlohmann::json event_to_json(const EventInfo& e);
 // An "events" array into *out, with the limits applied (ids 1..max_id,
-// kinds BEGIN..COUNTER, names of 1 to PERFQ_EVENT_NAME_LEN - 1 bytes).
+// kinds BEGIN..COUNTER, names of 1 to PERFQ_EVENT_NAME_LEN - 1 bytes, no
+// args or two of 1 to kArgNameMax bytes).
 Status parse_events(const nlohmann::json& arr, size_t max_id, std::vector<EventInfo>* out);
 
 // A thread's ring as the application maps it from the daemon's reply to

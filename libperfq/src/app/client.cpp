@@ -33,7 +33,9 @@
 #include <cerrno>
 #include <chrono>
 #include <condition_variable>
+#include <cstddef>
 #include <cstring>
+#include <memory>
 #include <mutex>
 #include <new>
 #include <nlohmann/json.hpp>
@@ -118,7 +120,10 @@ class Client {
   void release_ring_locked(ThreadState* t);
   int acquire_ring_locked(ThreadState* t);
   void thread_exit(ThreadState* t);
-  uint32_t register_event(const char* name, int kind);
+  uint32_t register_event(const char* name, int kind, const char* arg_hi = nullptr,
+                          const char* arg_lo = nullptr);
+  struct perfq_category* category(const char* name);
+  int category_enable(const char* name, int enabled);
   int thread_init(const char* name);
   bool wait_connected(int timeout_ms);
   bool connected() {
@@ -132,8 +137,10 @@ class Client {
   void before_fork() {
     life_mu_.lock();
     mu_.lock();
+    cats_mu_.lock();
   }
   void after_fork_parent() {
+    cats_mu_.unlock();
     mu_.unlock();
     life_mu_.unlock();
   }
@@ -182,7 +189,36 @@ class Client {
   std::vector<ThreadState*> threads_;
   uint64_t exited_recorded_ = 0, exited_lost_ = 0, exited_dropped_ = 0, exited_not_recording_ = 0;
   uint64_t connections_ = 0;
+
+  // A refused call (perfq.h: "Errors are never silent"): errno and the count.
+  template <typename T>
+  T refuse(int err, T ret) {
+    errors_.fetch_add(1, std::memory_order_relaxed);
+    errno = err;
+    return ret;
+  }
+  std::atomic<uint64_t> errors_{0};
+
+  // Categories: created once, never freed (records test them unlocked).
+  // Each starts as PERFQ_CATEGORIES says (rules parsed on first use).
+  struct perfq_category* category_locked(const std::string& name, bool from_env);
+  std::mutex cats_mu_;
+  std::unordered_map<std::string, std::unique_ptr<struct perfq_category>> cats_;
+  std::vector<std::pair<std::string, bool>> cat_rules_;  // (name or "*", enable)
+  bool cat_rules_read_ = false;
 };
+
+// What perfq_category() returns for an invalid name: always disabled.
+struct perfq_category g_invalid_category = {0};
+
+// 0, or the errno for a category or event name (perfq.h: 1..47 bytes).
+int check_name(const char* name, size_t* len) {
+  if (!name) return EINVAL;
+  *len = ::strnlen(name, PERFQ_EVENT_NAME_LEN);
+  if (*len == 0) return EINVAL;
+  if (*len >= PERFQ_EVENT_NAME_LEN) return ENAMETOOLONG;
+  return 0;
+}
 
 Client& client() {
   // Never destroyed: threads may record (and exit) during static destruction.
@@ -211,6 +247,7 @@ void Client::after_fork_child() {
   rbuf_.clear();
   stopping_ = false;
   wake_.reset();
+  cats_mu_.unlock();
   // The connector thread does not exist here: drop its handle unjoined.
   new (&connector_) std::thread();
   if (life_ == Life::kRunning) life_ = Life::kNew;
@@ -486,19 +523,36 @@ ThreadExitHook::~ThreadExitHook() {
   if (armed && t_state) client().thread_exit(t_state);
 }
 
-uint32_t Client::register_event(const char* name, int kind) {
-  if (!name) return 0;
-  const size_t len = ::strnlen(name, PERFQ_EVENT_NAME_LEN);
-  if (len == 0 || len >= PERFQ_EVENT_NAME_LEN) return 0;
-  if (kind < PERFQ_KIND_BEGIN || kind > PERFQ_KIND_COUNTER) return 0;
+uint32_t Client::register_event(const char* name, int kind, const char* arg_hi,
+                                const char* arg_lo) {
+  size_t len = 0;
+  if (const int err = check_name(name, &len)) return refuse(err, uint32_t{0});
+  if (kind < PERFQ_KIND_BEGIN || kind > PERFQ_KIND_COUNTER) return refuse(EINVAL, uint32_t{0});
+  const bool two = arg_hi || arg_lo;
+  size_t hi_len = 0, lo_len = 0;
+  if (two) {
+    // A counter's arg is its value: one number.
+    if (kind == PERFQ_KIND_COUNTER || !arg_hi || !arg_lo) return refuse(EINVAL, uint32_t{0});
+    hi_len = ::strnlen(arg_hi, PERFQ_ARG_NAME_LEN);
+    lo_len = ::strnlen(arg_lo, PERFQ_ARG_NAME_LEN);
+    if (hi_len == 0 || lo_len == 0) return refuse(EINVAL, uint32_t{0});
+    if (hi_len >= PERFQ_ARG_NAME_LEN || lo_len >= PERFQ_ARG_NAME_LEN)
+      return refuse(ENAMETOOLONG, uint32_t{0});
+  }
   ensure_started();
   try {
+    std::vector<std::string> args;
+    if (two) args = {std::string(arg_hi, hi_len), std::string(arg_lo, lo_len)};
     std::lock_guard l(mu_);
     const std::string n(name, len);
-    if (auto it = by_name_.find(n); it != by_name_.end()) return it->second;
-    if (events_.size() >= 65535) return 0;
+    if (auto it = by_name_.find(n); it != by_name_.end()) {
+      const EventInfo& e = events_[it->second - 1];
+      if (e.kind != kind || e.args != args) return refuse(EEXIST, uint32_t{0});
+      return it->second;
+    }
+    if (events_.size() >= 65535) return refuse(ENOSPC, uint32_t{0});
     const uint32_t id = static_cast<uint32_t>(events_.size() + 1);
-    events_.push_back({id, static_cast<uint16_t>(kind), n});
+    events_.push_back({id, static_cast<uint16_t>(kind), n, std::move(args)});
     by_name_.emplace(n, id);
     // Known to the daemon before any record can carry the id.  A failure
     // breaks the connection; the next one sends every event in the hello.
@@ -507,7 +561,58 @@ uint32_t Client::register_event(const char* name, int kind) {
           {{"cmd", "events"}, {"events", json::array({event_to_json(events_.back())})}}, nullptr);
     return id;
   } catch (...) {
+    return refuse(ENOMEM, uint32_t{0});
+  }
+}
+
+struct perfq_category* Client::category_locked(const std::string& name, bool from_env) {
+  if (auto it = cats_.find(name); it != cats_.end()) return it->second.get();
+  if (!cat_rules_read_) {
+    cat_rules_read_ = true;
+    const char* env = std::getenv(PERFQ_CATEGORIES_ENV);
+    std::string list = env ? env : "";
+    for (size_t pos = 0; pos <= list.size();) {
+      size_t comma = list.find(',', pos);
+      if (comma == std::string::npos) comma = list.size();
+      std::string item = list.substr(pos, comma - pos);
+      pos = comma + 1;
+      const bool enable = item.empty() || item[0] != '-';
+      if (!enable) item.erase(0, 1);
+      if (!item.empty()) cat_rules_.emplace_back(item, enable);
+    }
+  }
+  bool enabled = true;
+  if (from_env)
+    for (const auto& [rule, on] : cat_rules_)
+      if (rule == "*" || rule == name) enabled = on;
+  auto c = std::make_unique<struct perfq_category>();
+  c->enabled = enabled ? 1 : 0;
+  return cats_.emplace(name, std::move(c)).first->second.get();
+}
+
+struct perfq_category* Client::category(const char* name) {
+  size_t len = 0;
+  if (const int err = check_name(name, &len)) return refuse(err, &g_invalid_category);
+  try {
+    std::lock_guard l(cats_mu_);
+    return category_locked(std::string(name, len), true);
+  } catch (...) {
+    return refuse(ENOMEM, &g_invalid_category);
+  }
+}
+
+int Client::category_enable(const char* name, int enabled) {
+  size_t len = 0;
+  if (const int err = check_name(name, &len)) return refuse(err, -err);
+  try {
+    std::lock_guard l(cats_mu_);
+    struct perfq_category* c = category_locked(std::string(name, len), false);
+    // Pairs with nothing: records test the flag with a relaxed load
+    // (perfq_category_enabled()); the switch is not a fence.
+    __atomic_store_n(&c->enabled, enabled ? 1 : 0, __ATOMIC_RELAXED);
     return 0;
+  } catch (...) {
+    return refuse(ENOMEM, -ENOMEM);
   }
 }
 
@@ -555,6 +660,7 @@ void Client::stats(perfq_stats* out) {
   }
   s.connections = connections_;
   s.connected = usable_locked() ? 1 : 0;
+  s.errors = errors_.load(std::memory_order_relaxed);
   *out = s;
 }
 
@@ -603,6 +709,12 @@ uint32_t perfq_event(const char* name, int kind) {
   return perfq::client().register_event(name, kind);
 }
 
+uint32_t perfq_event2(const char* name, int kind, const char* arg_hi, const char* arg_lo) {
+  // Both NULL would register a one-number event: refused like one NULL.
+  if (!arg_hi && !arg_lo) arg_hi = "";
+  return perfq::client().register_event(name, kind, arg_hi, arg_lo);
+}
+
 void perfq_begin(uint32_t event, uint64_t arg) { perfq::record(event, PERFQ_KIND_BEGIN, arg); }
 void perfq_end(uint32_t event, uint64_t arg) { perfq::record(event, PERFQ_KIND_END, arg); }
 void perfq_instant(uint32_t event, uint64_t arg) { perfq::record(event, PERFQ_KIND_INSTANT, arg); }
@@ -622,8 +734,29 @@ int perfq_wait_connected(int timeout_ms) {
 
 int perfq_connected(void) { return perfq::client().connected() ? 1 : 0; }
 
-void perfq_get_stats(struct perfq_stats* out) {
-  if (out) perfq::client().stats(out);
+struct perfq_category* perfq_category(const char* name) {
+  return perfq::client().category(name);
+}
+
+int perfq_category_enable(const char* name, int enabled) {
+  return perfq::client().category_enable(name, enabled);
+}
+
+void perfq_read_stats(struct perfq_stats* out, size_t size) {
+  if (!out) return;
+  perfq_stats s{};
+  perfq::client().stats(&s);
+  std::memcpy(out, &s, std::min(size, sizeof(s)));
+}
+
+// The first release's struct perfq_stats ended with `threads`: 48 bytes.
+static_assert(offsetof(perfq_stats, errors) == 48, "perfq_stats: fields are only ever appended");
+
+// The first release's entry point (perfq.h's macro of the same name calls
+// perfq_read_stats()): programs built against it have the struct up to
+// `threads`.
+void(perfq_get_stats)(struct perfq_stats* out) {
+  perfq_read_stats(out, offsetof(perfq_stats, errors));
 }
 
 void perfq_shutdown(void) { perfq::client().shutdown(); }

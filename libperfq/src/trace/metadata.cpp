@@ -131,8 +131,13 @@ std::string trace_metadata_to_json(const TraceMetadata& m) {
     // ignore it, and its absence means "no PCI facts".
     if (s.pci) js["pci"] = pci_device_to_json(*s.pci);
     json events = json::array();
-    for (const auto& e : s.events)
-      events.push_back({{"event", e.event}, {"kind", e.kind}, {"name", e.name}});
+    for (const auto& e : s.events) {
+      json je = {{"event", e.event}, {"kind", e.kind}, {"name", e.name}};
+      // Added after version 1's first release (perfq_event2()): absent
+      // when the arg is one number, ignored by readers that do not know it.
+      if (!e.args.empty()) je["args"] = e.args;
+      events.push_back(std::move(je));
+    }
     js["events"] = std::move(events);
     // Added with kernel events; absent in older traces.
     if (!s.threads.empty()) {
@@ -223,7 +228,8 @@ Result<TraceMetadata> trace_metadata_from_json(const std::string& text) {
         if (js.contains("events")) {
           for (const auto& je : js.at("events")) {
             s.events.push_back({je.at("event").get<uint32_t>(), je.at("kind").get<uint16_t>(),
-                                je.at("name").get<std::string>()});
+                                je.at("name").get<std::string>(),
+                                je.value("args", std::vector<std::string>{})});
           }
         }
         if (js.contains("threads")) {

@@ -15,6 +15,7 @@
 
 #include "perfq/export.h"
 #include "perfq/filter.h"
+#include "perfq/perfq.h"
 #include "perfq/report.h"
 #include "perfq_kevent.h"
 #include "trace/synth.h"
@@ -527,6 +528,58 @@ TEST_CASE("export perfetto: kernel events land on their thread's tracks", "[expo
   CHECK(on_state ==
         std::vector<std::string>{"1500 TYPE_SLICE_BEGIN sleeping", "2500 TYPE_SLICE_END "});
   CHECK(on_cpu1 == std::vector<std::string>{"1800 TYPE_INSTANT syscall_enter tid=999"});
+}
+
+TEST_CASE("export: an event of two numbers (perfq_event2) shows both under their names",
+          "[export]") {
+  TempDir dir("export");
+  const std::string in = dir.file("two.pq");
+  TraceMetadata meta;
+  TraceSource app;
+  app.id = 256;
+  app.name = "app";
+  app.pid = 4240;
+  app.events = {{1, PERFQ_KIND_INSTANT, "copy", {"bytes", "queue"}},
+                {2, PERFQ_KIND_INSTANT, "plain"}};
+  app.threads = {{0, 4242, "main"}};
+  meta.sources = {app};
+  TraceBuilder b;
+  b.instant(256, 0, 1, 1000, PERFQ_ARG2(4096, 3));
+  b.instant(256, 0, 2, 2000, PERFQ_ARG2(4096, 3));
+  b.write(in, meta);
+
+  // The dictionary keeps the names through the trace file.
+  struct Meta : TraceVisitor {
+    TraceMetadata m;
+    Status on_metadata(const TraceMetadata& md) override {
+      m = md;
+      return Status::ok();
+    }
+    Status on_records(std::span<const TraceRecord>) override { return Status::ok(); }
+  } meta_read;
+  auto r = TraceReader::open(in);
+  REQUIRE(r.is_ok());
+  REQUIRE(r->read(meta_read).is_ok());
+  REQUIRE(meta_read.m.sources.size() == 1);
+  CHECK(meta_read.m.sources[0].events == app.events);
+
+  REQUIRE(export_trace(in, TraceExportFormat::kChromeJson, dir.file("out.json")).is_ok());
+  const auto j = nlohmann::json::parse(slurp(dir.file("out.json")));
+  std::map<std::string, nlohmann::json> args;
+  for (const auto& ev : j["traceEvents"])
+    if (ev.contains("args") && ev["cat"] == "perfq") args[ev["name"]] = ev["args"];
+  INFO(j.dump());
+  CHECK(args["copy"]["bytes"] == 4096);
+  CHECK(args["copy"]["queue"] == 3);
+  CHECK_FALSE(args["copy"].contains("arg"));
+  CHECK(args["plain"]["arg"] == std::to_string(PERFQ_ARG2(4096, 3)));  // one number
+
+  const PfTrace t = replay(perfetto_decoded(dir, in));
+  std::map<std::string, std::map<std::string, std::string>> pf;
+  for (const auto& ev : t.events) pf[ev.name] = ev.args;
+  CHECK(pf["copy"] == std::map<std::string, std::string>{{"bytes", "4096"}, {"queue", "3"}});
+  CHECK(pf["plain"] ==
+        std::map<std::string, std::string>{{"arg", std::to_string(PERFQ_ARG2(4096, 3))}});
 }
 
 TEST_CASE("export ctf: babeltrace2 reads every event with its name and time", "[export]") {

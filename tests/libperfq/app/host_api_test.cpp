@@ -510,6 +510,168 @@ TEST_CASE("host api: a full ring counts every refused record", "[host_api]") {
   CHECK(c.lost(src->id, TraceLossReason::kHostRingFull) == 5000 - cap);
 }
 
+TEST_CASE("host api: C scopes end on every way out, categories switch them, refusals are errors",
+          "[host_api]") {
+  TempDir dir("hostapi");
+  HostApps apps(opts());
+  FakeDaemon daemon(apps, dir.file("d.sock"));
+  REQUIRE(daemon.listen());
+  constexpr uint64_t kN = 1000;
+  // PERFQ_CATEGORIES disables every category but "on".
+  Child app({"/usr/bin/env", "PERFQ_CATEGORIES=-*,on", kTestApp, dir.file("d.sock"), "scopes", "1",
+             std::to_string(kN)});
+  REQUIRE(app.started());
+  Collected c;
+  REQUIRE(collect_until(apps, c, [&] { return !app.running(); }));
+  INFO("stderr: " << app.err());
+  REQUIRE(app.exit_code() == 0);  // 8: a refused call had no error or the wrong errno
+  REQUIRE(collect_until(apps, c, [&] { return apps.apps() == 0 && apps.rings() == 0; }));
+  const json r = json::parse(app.out(), nullptr, false);
+  REQUIRE(r.is_object());
+  // Two refused registrations, a refused category and a refused enable.
+  CHECK(r["errors"] == 4);
+  CHECK(r["recorded"] == 8 * kN);
+  const TraceSource* src = c.by_pid(static_cast<uint32_t>(app.pid()));
+  REQUIRE(src);
+  // The refused registrations reached no dictionary: its 7 events (tick and
+  // early of every mode, the 5 of this one), "span" still a span.
+  CHECK(src->events.size() == 7);
+  for (const auto& e : src->events)
+    if (e.name == "span") CHECK(e.kind == PERFQ_KIND_BEGIN);
+  const uint32_t span = c.event_id(src->id, "span"), on = c.event_id(src->id, "on_span"),
+                 off = c.event_id(src->id, "off_span"), early = c.event_id(src->id, "early_return");
+  REQUIRE(c.streams.size() == 1);
+  const auto& v = c.streams.begin()->second;
+  REQUIRE(v.size() == 8 * kN);
+  CHECK(c.count(src->id, c.event_id(src->id, "off_tick")) == 0);
+  auto is = [](const perfq_record& rec, uint32_t ev, unsigned kind, uint64_t arg) {
+    return rec.event == ev && rec.flags == PERFQ_FLAGS(kind, PERFQ_CLOCK_HOST) && rec.arg == arg;
+  };
+  // Each iteration: scopes end in reverse order, the early return's too;
+  // "off" records nothing until it is enabled, then begin and end.
+  bool nested = true, switched = true;
+  for (uint64_t i = 0; i < kN; ++i) {
+    const perfq_record* p = &v[i * 6];
+    nested &= is(p[0], span, PERFQ_KIND_BEGIN, i) && is(p[1], on, PERFQ_KIND_BEGIN, i) &&
+              is(p[2], early, PERFQ_KIND_BEGIN, i) && is(p[3], early, PERFQ_KIND_END, i) &&
+              is(p[4], on, PERFQ_KIND_END, i) && is(p[5], span, PERFQ_KIND_END, i);
+    const perfq_record* q = &v[6 * kN + i * 2];
+    switched &= is(q[0], off, PERFQ_KIND_BEGIN, kN + i) && is(q[1], off, PERFQ_KIND_END, kN + i);
+  }
+  CHECK(nested);
+  CHECK(switched);
+}
+
+TEST_CASE("host api: C++ refusals say why, categories switch Scope", "[host_api]") {
+  TempDir dir("hostapi");
+  HostApps apps(opts());
+  FakeDaemon daemon(apps, dir.file("d.sock"));
+  REQUIRE(daemon.listen());
+  REQUIRE(perfq_init("cxx-errors", dir.file("d.sock").c_str()) == 0);
+  REQUIRE(perfq_wait_connected(10000) == 1);
+  perfq_stats before{}, after{};
+  perfq_get_stats(&before);
+
+  const Event job{"job"};
+  REQUIRE(job);
+  CHECK(job.error() == 0);
+  const Event again{"job", EventKind::kInstant};  // another kind
+  CHECK_FALSE(again);
+  CHECK(again.error() == EEXIST);
+  // PERFQ_EVENT_NAME_LEN - 1 bytes is the longest name; one more is refused.
+  const std::string longest(PERFQ_EVENT_NAME_LEN - 1, 'n');
+  CHECK(Event(longest.c_str(), EventKind::kInstant));
+  const Event too_long{(longest + "n").c_str(), EventKind::kInstant};
+  CHECK(too_long.error() == ENAMETOOLONG);
+  errno = 0;
+  CHECK(perfq_event(nullptr, PERFQ_KIND_INSTANT) == 0);
+  CHECK(errno == EINVAL);
+  errno = 0;
+  CHECK(perfq_event("k", 9) == 0);
+  CHECK(errno == EINVAL);
+  CHECK(perfq_event("job", PERFQ_KIND_BEGIN) == job.id());  // same name and kind: same id
+  const Category bad{""};
+  CHECK_FALSE(bad);
+  CHECK(perfq_category_enable("", 1) == -EINVAL);
+  CHECK_FALSE(bad);
+  perfq_get_stats(&after);
+  CHECK(after.errors - before.errors == 6);
+
+  const Category cat{"cxx-test"};
+  CHECK(cat);  // enabled unless PERFQ_CATEGORIES says otherwise
+  perfq_stats s0{}, s1{};
+  std::atomic<int> ring{-1}, switch_errors{0};
+  std::atomic<bool> off_seen_on{false};
+  std::thread([&] {
+    ring = perfq_thread_init("cxx-scope");
+    perfq_get_stats(&s0);
+    { Scope s{cat, job, 1}; }
+    switch_errors += perfq_category_enable("cxx-test", 0) != 0;
+    off_seen_on = static_cast<bool>(cat);
+    { Scope s{cat, job, 2}; }  // nothing
+    { Scope s{job, 3}; }       // no category: always
+    {
+      switch_errors += perfq_category_enable("cxx-test", 1) != 0;
+      Scope s{cat, job, 4};
+      // Disabled inside: the begin was recorded, so the end comes too.
+      switch_errors += perfq_category_enable("cxx-test", 0) != 0;
+    }
+    perfq_get_stats(&s1);
+  }).join();
+  REQUIRE(ring == 0);
+  CHECK(switch_errors == 0);
+  CHECK_FALSE(off_seen_on);
+  CHECK(s1.recorded - s0.recorded == 6);
+  Collected c;
+  REQUIRE(collect_until(apps, c, [&] { return c.total >= 6; }));
+  std::vector<uint64_t> args;
+  for (const auto& [k, v] : c.streams)
+    for (const auto& rec : v) args.push_back(rec.arg);
+  CHECK(args == std::vector<uint64_t>{1, 1, 3, 3, 4, 4});
+  perfq_shutdown();
+}
+
+TEST_CASE("host api: an event of two numbers brings their names to the daemon", "[host_api]") {
+  TempDir dir("hostapi");
+  HostApps apps(opts());
+  FakeDaemon daemon(apps, dir.file("d.sock"));
+  REQUIRE(daemon.listen());
+  REQUIRE(perfq_init("two-args", dir.file("d.sock").c_str()) == 0);
+  REQUIRE(perfq_wait_connected(10000) == 1);
+  perfq_stats before{}, after{};
+  perfq_get_stats(&before);
+
+  const Event copy{"copy", EventKind::kSpan, "bytes", "queue"};
+  REQUIRE(copy);
+  CHECK(perfq_event2("copy", PERFQ_KIND_BEGIN, "bytes", "queue") == copy.id());
+  // The same name as one number, or with other names: another event.
+  CHECK(Event("copy", EventKind::kSpan).error() == EEXIST);
+  CHECK(Event("copy", EventKind::kSpan, "bytes", "lane").error() == EEXIST);
+  CHECK(Event("c2", EventKind::kCounter, "a", "b").error() == EINVAL);
+  CHECK(Event("c3", EventKind::kInstant, "", "b").error() == EINVAL);
+  errno = 0;
+  CHECK(perfq_event2("c4", PERFQ_KIND_INSTANT, "a", nullptr) == 0);
+  CHECK(errno == EINVAL);
+  const std::string longest(PERFQ_ARG_NAME_LEN - 1, 'a');
+  CHECK(Event("c5", EventKind::kInstant, longest.c_str(), "b"));
+  CHECK(Event("c6", EventKind::kInstant, "a", (longest + "a").c_str()).error() == ENAMETOOLONG);
+  perfq_get_stats(&after);
+  CHECK(after.errors - before.errors == 6);
+
+  std::thread([&] { Scope s{copy, arg2(4096, 3)}; }).join();
+  Collected c;
+  REQUIRE(collect_until(apps, c, [&] { return c.total >= 2; }));
+  REQUIRE(c.sources.size() >= 1);
+  const TraceSource* src = c.by_pid(static_cast<uint32_t>(getpid()));
+  REQUIRE(src);
+  const EventInfo* e = src->find_event(copy.id());
+  REQUIRE(e);
+  CHECK(e->args == std::vector<std::string>{"bytes", "queue"});
+  for (const auto& [k, v] : c.streams)
+    for (const auto& rec : v) CHECK(rec.arg == (uint64_t{4096} << 32 | 3));
+  perfq_shutdown();
+}
+
 // A hand-written application speaking the protocol, badly.
 class RawApp {
  public:

@@ -160,10 +160,14 @@ class ChromeExport : public TraceVisitor {
     std::string name = json_escape(ev.name);
     const std::string common = fmt::format("\"cat\":\"perfq\",\"ts\":{},\"pid\":{},\"tid\":{}",
                                            us(r.time_ns), t.pid, t.tid);
+    // An arg of two 32-bit numbers shows them under their names.
+    const std::string arg =
+        ev.two_args() ? fmt::format("\"{}\":{},\"{}\":{}", json_escape(ev.arg_hi), r.rec.arg >> 32,
+                                    json_escape(ev.arg_lo), r.rec.arg & 0xffffffffu)
+                      : fmt::format("\"arg\":\"{}\"", r.rec.arg);
     const std::string args = fmt::format(
-        "\"args\":{{\"source\":{},\"stream\":{},\"index\":\"{}\",\"arg\":\"{}\",\"raw_time\":\"{}"
-        "\"}}",
-        r.source, r.rec.stream, r.rec.index, r.rec.arg, r.rec.time);
+        "\"args\":{{\"source\":{},\"stream\":{},\"index\":\"{}\",{},\"raw_time\":\"{}\"}}",
+        r.source, r.rec.stream, r.rec.index, arg, r.rec.time);
     // A job's flow binds to the slice around it (bp "e"): at an END, before
     // the slice closes.
     std::string flow;

@@ -76,6 +76,10 @@ class Names {
   struct Info {
     std::string name;
     JobRole role = kNoRole;
+    // The names of the arg's upper and lower 32 bits (EventInfo::args), or
+    // none: the arg is one number.
+    std::string arg_hi, arg_lo;
+    bool two_args() const { return !arg_hi.empty(); }
   };
   void set_metadata(const TraceMetadata& m) {
     meta_ = m;
@@ -118,6 +122,10 @@ class Names {
       const EventInfo* e = s ? s->find_event(ev) : nullptr;
       it->second.name = e ? e->name : fmt::format("event_{}", ev);
       it->second.role = job_role(it->second.name);
+      if (e && e->args.size() == 2 && !e->args[0].empty() && !e->args[1].empty()) {
+        it->second.arg_hi = e->args[0];
+        it->second.arg_lo = e->args[1];
+      }
     }
     return it->second;
   }

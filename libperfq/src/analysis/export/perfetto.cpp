@@ -521,6 +521,9 @@ class PerfettoExport : public TraceVisitor {
       // A job's id where its chain and its device slice begin; the flow
       // leads from there to the rest.
       annotate_uint(tr.seq, te, interned, "corr_id", r.rec.arg);
+    } else if (ev.role == kNoRole && ev.two_args()) {
+      annotate_uint(tr.seq, te, interned, ev.arg_hi.c_str(), r.rec.arg >> 32);
+      annotate_uint(tr.seq, te, interned, ev.arg_lo.c_str(), r.rec.arg & 0xffffffffu);
     } else if (ev.role == kNoRole && r.rec.arg) {
       annotate_uint(tr.seq, te, interned, "arg", r.rec.arg);
     }
