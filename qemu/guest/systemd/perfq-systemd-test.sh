@@ -92,6 +92,12 @@ if command -v perfqctl >/dev/null; then
   check "it told systemd it is READY (Type=notify; status: $status_text)" \
     sh -c "systemctl show -p Type --value perfq-daemon | grep -qx notify && [ -n '$status_text' ]"
   check "/run/perfq/perfqd.sock is there" test -S /run/perfq/perfqd.sock
+  # The packages' layout: the programs link the shared library of libperfq0.
+  # (ldd may name it under /lib, merged into /usr/lib: dpkg knows the latter.)
+  lib=$(ldd /usr/bin/perfq-daemon | awk '$1 == "libperfq.so.0" { print $3 }')
+  lib=$(readlink -f "$lib")
+  check "perfq-daemon links libperfq.so.0 ($lib) of libperfq0 ($(dpkg -S "$lib" 2>&1))" \
+    sh -c "[ -n '$lib' ] && dpkg -S '$lib' | grep -q '^libperfq0:'"
 
   # Who may drive it: root and the perfq group; anyone may read status.
   useradd -m outsider && useradd -m member && usermod -aG perfq member
