@@ -98,6 +98,17 @@ if command -v perfqctl >/dev/null; then
   lib=$(readlink -f "$lib")
   check "perfq-daemon links libperfq.so.0 ($lib) of libperfq0 ($(dpkg -S "$lib" 2>&1))" \
     sh -c "[ -n '$lib' ] && dpkg -S '$lib' | grep -q '^libperfq0:'"
+  # The unit's sandbox is in force on the running daemon.
+  dpid=$(systemctl show -p MainPID --value perfq-daemon)
+  show sandbox grep -E '^(NoNewPrivs|CapBnd|CapEff):' "/proc/$dpid/status"
+  check "the daemon runs with NoNewPrivileges" grep -qE '^NoNewPrivs:[[:space:]]+1$' "/proc/$dpid/status"
+  # CapabilityBoundingSet=: DAC_OVERRIDE 1, SETGID 6, SETUID 7, SYS_PTRACE
+  # 19, SYS_NICE 23, PERFMON 38, BPF 39; nothing else (CAP_SYS_ADMIN is 21).
+  want=$(( (1 << 1) | (1 << 6) | (1 << 7) | (1 << 19) | (1 << 23) | (1 << 38) | (1 << 39) ))
+  hex=$(awk '/^CapBnd:/ { print $2 }' "/proc/$dpid/status" 2>/dev/null)
+  bnd=$(( 16#${hex:-0} ))
+  check "the daemon's capability bounding set is the unit's ($(printf '%#x' "$bnd"), want $(printf '%#x' "$want"))" \
+    [ "$bnd" -eq "$want" ]
 
   # Who may drive it: root and the perfq group; anyone may read status.
   useradd -m outsider && useradd -m member && usermod -aG perfq member
@@ -125,6 +136,8 @@ if command -v perfqctl >/dev/null; then
   after=$(( $(sync_rounds) + 5 ))
   check "the daemon made 5 more sync rounds after the jobs" wait_for 60 rounds_at_least $after
   check "member stops the recording" as member perfqctl stop
+  check "the trace belongs to member, who asked for it ($(stat -c %U "$TRACE" 2>&1))" \
+    [ "$(stat -c %U "$TRACE" 2>&1)" = member ]
   show status perfqctl status
   check "member reads the trace with perfqctl report" sh -c \
     "runuser -u member -- perfqctl report '$TRACE' >/tmp/report.txt 2>&1"
