@@ -146,6 +146,18 @@ if command -v perfqctl >/dev/null; then
   send_file /tmp/report.json report.json
   send_file /tmp/demo.json demo.json
 
+  # Kernel events under the unit's sandbox: the BPF program loads and
+  # attaches (CAP_BPF, CAP_PERFMON, bpf and perf_event_open past the
+  # syscall filter) and records the scheduler events of a --pid process.
+  sh -c 'while :; do sleep 0.01; done' &
+  busy=$!
+  as member perfqctl start -o /var/tmp/perfq-run/kev.trace --kernel-events sched --pid "$busy" \
+    --duration 2 >/tmp/kev.txt 2>&1
+  kill "$busy"
+  sed 's/^/info: kernel events| /' /tmp/kev.txt
+  check "kernel events recorded under the sandbox (sched of pid $busy)" sh -c \
+    "grep -qE 'kernel events \([a-z]+\): [1-9][0-9]* records' /tmp/kev.txt && ! grep -q 'warning: kernel events' /tmp/kev.txt"
+
   # Stopped the way the README says; the journal has the daemon's lines.
   check "systemctl stop perfq-daemon" systemctl stop perfq-daemon
   check "perfq-daemon is inactive" sh -c '[ "$(systemctl is-active perfq-daemon)" = inactive ]'
