@@ -31,8 +31,12 @@ cleanup() {
 }
 trap cleanup EXIT
 
-# The form lines are compared in: numbers as N, the chunk kind named.
-norm() { sed -E 's/[0-9]+/N/g; s/chunk N \([a-z ]+\)/chunk N (KIND)/g'; }
+# The form lines are compared in: numbers as N, the chunk kind and the
+# errno text in parentheses (the kernel decides which) as words.
+norm() {
+  sed -E 's/[0-9]+/N/g; s/chunk N \([a-z ]+\)/chunk N (KIND)/g
+          s/\((Operation not permitted|Permission denied|Invalid argument|No such file or directory|No such process|Operation not supported|Function not implemented|Bad address|Argument list too long)\)/(ERRNO)/g'
+}
 norm "$doc" >"$tmp/doc.txt" <"$doc"
 # in_doc WHAT LINE: LINE (normalized) is part of a line of the page.
 in_doc() {
