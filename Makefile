@@ -23,7 +23,9 @@
 #   make uninstall  remove what make install put there
 #   make install-dkms  perfq.ko through DKMS for every installed kernel
 #                   (make uninstall-dkms removes it)
-#   make deb      build the Debian packages perfq and perfq-dkms into build/deb/
+#   make deb      build the Debian packages (libperfq0, libperfq-dev, perfq,
+#                 perfq-dkms) into build/deb/, compiled in build/deb/obj with
+#                 Debian's hardening flags, and check them (lintian, symbols)
 #   make format   format the C++ with .clang-format (ctest's `format` checks it)
 # Every target installs missing packages first, so a fresh Debian 12 machine
 # needs nothing but this Makefile.
@@ -67,7 +69,10 @@ tsan: deps
 QEMU_RESULTS = $(BUILD)/qemu/results.txt
 DEB_RESULTS  = $(BUILD)/deb/results.txt
 FUZZ_RESULTS = $(BUILD_FUZZ)/results.txt
-DEBS         = $(BUILD)/deb/perfq_$(VERSION)_amd64.deb $(BUILD)/deb/perfq-dkms_$(VERSION)_all.deb
+# What the systemd scenario installs: the programs, the library they link
+# and the driver (libperfq-dev is checked by lintian only).
+DEBS         = $(BUILD)/deb/libperfq0_$(VERSION)_amd64.deb $(BUILD)/deb/perfq_$(VERSION)_amd64.deb \
+               $(BUILD)/deb/perfq-dkms_$(VERSION)_all.deb
 VERSION      = $(shell sed -n 's/^PACKAGE_VERSION="\(.*\)"/\1/p' driver/dkms.conf)
 # The busybox-initramfs scenarios, then `systemd`: the packages installed in
 # a Debian guest with systemd as PID 1; each on the newest installed 6.1 and
@@ -137,7 +142,8 @@ install-dkms:
 uninstall-dkms:
 	@scripts/install-dkms.sh --remove
 
-deb: build
+# The packages compile their own tree (build/deb/obj): no `build` needed.
+deb: deps
 	@scripts/make-deb.sh $(BUILD)
 
 format: deps

@@ -92,6 +92,23 @@ if command -v perfqctl >/dev/null; then
   check "it told systemd it is READY (Type=notify; status: $status_text)" \
     sh -c "systemctl show -p Type --value perfq-daemon | grep -qx notify && [ -n '$status_text' ]"
   check "/run/perfq/perfqd.sock is there" test -S /run/perfq/perfqd.sock
+  # The packages' layout: the programs link the shared library of libperfq0.
+  # (ldd may name it under /lib, merged into /usr/lib: dpkg knows the latter.)
+  lib=$(ldd /usr/bin/perfq-daemon | awk '$1 == "libperfq.so.0" { print $3 }')
+  lib=$(readlink -f "$lib")
+  check "perfq-daemon links libperfq.so.0 ($lib) of libperfq0 ($(dpkg -S "$lib" 2>&1))" \
+    sh -c "[ -n '$lib' ] && dpkg -S '$lib' | grep -q '^libperfq0:'"
+  # The unit's sandbox is in force on the running daemon.
+  dpid=$(systemctl show -p MainPID --value perfq-daemon)
+  show sandbox grep -E '^(NoNewPrivs|CapBnd|CapEff):' "/proc/$dpid/status"
+  check "the daemon runs with NoNewPrivileges" grep -qE '^NoNewPrivs:[[:space:]]+1$' "/proc/$dpid/status"
+  # CapabilityBoundingSet=: DAC_OVERRIDE 1, SETGID 6, SETUID 7, SYS_PTRACE
+  # 19, SYS_NICE 23, PERFMON 38, BPF 39; nothing else (CAP_SYS_ADMIN is 21).
+  want=$(( (1 << 1) | (1 << 6) | (1 << 7) | (1 << 19) | (1 << 23) | (1 << 38) | (1 << 39) ))
+  hex=$(awk '/^CapBnd:/ { print $2 }' "/proc/$dpid/status" 2>/dev/null)
+  bnd=$(( 16#${hex:-0} ))
+  check "the daemon's capability bounding set is the unit's ($(printf '%#x' "$bnd"), want $(printf '%#x' "$want"))" \
+    [ "$bnd" -eq "$want" ]
 
   # Who may drive it: root and the perfq group; anyone may read status.
   useradd -m outsider && useradd -m member && usermod -aG perfq member
@@ -119,6 +136,8 @@ if command -v perfqctl >/dev/null; then
   after=$(( $(sync_rounds) + 5 ))
   check "the daemon made 5 more sync rounds after the jobs" wait_for 60 rounds_at_least $after
   check "member stops the recording" as member perfqctl stop
+  check "the trace belongs to member, who asked for it ($(stat -c %U "$TRACE" 2>&1))" \
+    [ "$(stat -c %U "$TRACE" 2>&1)" = member ]
   show status perfqctl status
   check "member reads the trace with perfqctl report" sh -c \
     "runuser -u member -- perfqctl report '$TRACE' >/tmp/report.txt 2>&1"
@@ -126,6 +145,18 @@ if command -v perfqctl >/dev/null; then
   as member perfqctl report --json "$TRACE" >/tmp/report.json 2>/dev/null
   send_file /tmp/report.json report.json
   send_file /tmp/demo.json demo.json
+
+  # Kernel events under the unit's sandbox: the BPF program loads and
+  # attaches (CAP_BPF, CAP_PERFMON, bpf and perf_event_open past the
+  # syscall filter) and records the scheduler events of a --pid process.
+  sh -c 'while :; do sleep 0.01; done' &
+  busy=$!
+  as member perfqctl start -o /var/tmp/perfq-run/kev.trace --kernel-events sched --pid "$busy" \
+    --duration 2 >/tmp/kev.txt 2>&1
+  kill "$busy"
+  sed 's/^/info: kernel events| /' /tmp/kev.txt
+  check "kernel events recorded under the sandbox (sched of pid $busy)" sh -c \
+    "grep -qE 'kernel events \([a-z]+\): [1-9][0-9]* records' /tmp/kev.txt && ! grep -q 'warning: kernel events' /tmp/kev.txt"
 
   # Stopped the way the README says; the journal has the daemon's lines.
   check "systemctl stop perfq-daemon" systemctl stop perfq-daemon
