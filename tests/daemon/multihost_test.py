@@ -154,6 +154,23 @@ def main():
         # twice itself between their medians.
         skew = abs(delays[(0, 1)][MESSAGES // 2] - delays[(1, 0)][MESSAGES // 2]) / 2
         print(f"ok   half the difference of the two directions' median delays: {skew:.0f} ns")
+        # Every export takes the merged trace; viewers see each host's
+        # processes apart (Chrome JSON: a process per source, HOST:NAME).
+        for fmt in ("perfetto", "ctf"):
+            out = f"{work}/cluster.{fmt}"
+            r = run([f"{BIN}/perfqctl", "export", merged, "--format", fmt, "-o", out])
+            if r.returncode != 0:
+                fail(f"export --format {fmt} of the merged trace: {r.stderr}")
+        r = run([f"{BIN}/perfqctl", "export", merged, "--format", "chrome-json", "-o", "-"])
+        procs = {}
+        for ev in json.loads(r.stdout)["traceEvents"]:
+            if ev.get("ph") == "M" and ev.get("name") == "process_name":
+                procs[ev["args"]["name"]] = ev["pid"]
+        apps = sorted(n.split(" (source")[0] for n in procs if "pingpong" in n)
+        if apps != ["host hostA:pingpong-serve", "host hostB:pingpong-ping"] or \
+                len(set(procs.values())) != len(procs):
+            fail(f"chrome-json processes: {procs}")
+        print(f"ok   exports: perfetto, ctf, chrome-json (processes {sorted(procs)})")
         print("PASS multihost")
         return 0
     finally:

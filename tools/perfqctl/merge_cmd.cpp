@@ -46,16 +46,18 @@ void add_merge_command(CLI::App& app, int& exit_code) {
         std::fprintf(stderr, "perfqctl: merge: --force replaces it\n");
       return;
     }
-    std::printf("merged %zu traces into %s: %llu records\n", args->files.size(),
-                args->out.c_str(), static_cast<unsigned long long>(r->records));
+    std::printf("merged %zu traces into %s: %llu records\n", args->files.size(), args->out.c_str(),
+                static_cast<unsigned long long>(r->records));
     for (const auto& h : r->hosts) {
       const std::string bound =
-          h.uncertainty_ns < 0 ? std::string("no bound")
-                               : fmt::format("+-{:.3f} us", static_cast<double>(h.uncertainty_ns) / 1e3);
+          h.uncertainty_ns < 0
+              ? std::string("no bound")
+              : fmt::format("+-{:.3f} us", static_cast<double>(h.uncertainty_ns) / 1e3);
       std::printf("  host %s (%s): offset %+.3f us, %s: %s\n", h.name.c_str(), h.file.c_str(),
                   static_cast<double>(h.offset_ns) / 1e3, bound.c_str(), h.alignment.c_str());
     }
-    for (const auto& w : r->warnings) std::fprintf(stderr, "perfqctl: merge: warning: %s\n", w.c_str());
+    for (const auto& w : r->warnings)
+      std::fprintf(stderr, "perfqctl: merge: warning: %s\n", w.c_str());
     exit_code = kExitOk;
   });
 }

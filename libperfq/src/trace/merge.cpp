@@ -11,8 +11,8 @@
 // input, whatever their length.  The map is monotonic, so each input's
 // order is kept.
 #include <algorithm>
-#include <cstdlib>
 #include <condition_variable>
+#include <cstdlib>
 #include <deque>
 #include <map>
 #include <mutex>
@@ -66,7 +66,8 @@ class RealtimeOffset {
     return w;
   }
   bool all_synchronized() const {
-    return std::all_of(clocks_.begin(), clocks_.end(), [](const auto& c) { return c.synchronized; });
+    return std::all_of(clocks_.begin(), clocks_.end(),
+                       [](const auto& c) { return c.synchronized; });
   }
   int64_t worst_esterror() const {
     int64_t e = 0;
@@ -242,8 +243,8 @@ Result<TraceMergeSummary> merge_traces(const std::vector<std::string>& paths,
       // The snapshot brackets, and what interpolating between snapshots may
       // be off by on either host.
       const int64_t brackets = (in.offset->widest_bracket() + 1) / 2 +
-                               (ref.offset->widest_bracket() + 1) / 2 +
-                               in.offset->largest_move() + ref.offset->largest_move();
+                               (ref.offset->widest_bracket() + 1) / 2 + in.offset->largest_move() +
+                               ref.offset->largest_move();
       if (!m.boot_id.empty() && m.boot_id == ref.c.meta.boot_id) {
         h.uncertainty_ns = brackets;
         h.alignment = fmt::format(
@@ -312,8 +313,8 @@ Result<TraceMergeSummary> merge_traces(const std::vector<std::string>& paths,
     for (auto& s : samples) {
       s.source = in.ids.count(s.source) ? in.ids.at(s.source) : s.source;
       if (s.has_host()) {
-        s.host.before = static_cast<uint64_t>(
-            to_reference(in, ref, static_cast<int64_t>(s.host.before)));
+        s.host.before =
+            static_cast<uint64_t>(to_reference(in, ref, static_cast<int64_t>(s.host.before)));
         s.host.after =
             static_cast<uint64_t>(to_reference(in, ref, static_cast<int64_t>(s.host.after)));
       }

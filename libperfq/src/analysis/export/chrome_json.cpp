@@ -104,8 +104,9 @@ class ChromeExport : public TraceVisitor {
   void process(uint16_t source, uint32_t pid) {
     if (!named_.insert(source).second) return;
     const TraceSource* s = names_.metadata().find_source(source);
-    std::string name = s ? std::string(trace_source_kind_name(s->kind)) + " " + s->name
-                         : names_.source_name(source);
+    std::string name =
+        s ? std::string(trace_source_kind_name(s->kind)) + " " + names_.source_name(source)
+          : names_.source_name(source);
     if (s && s->kind == TraceSourceKind::kDevice && !s->pci_address.empty())
       name += " " + s->pci_address;
     name += fmt::format(" (source {})", source);
