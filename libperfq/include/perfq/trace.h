@@ -186,6 +186,10 @@ struct TraceMetadata {
 };
 
 std::string trace_metadata_to_json(const TraceMetadata& m);
+// The JSON objects the metadata writes for a host and a source's early end
+// (the report's --json shows them as they are).
+nlohmann::json trace_host_to_json(const TraceHost& h);
+nlohmann::json trace_source_end_to_json(const TraceSourceEnd& e);
 Result<TraceMetadata> trace_metadata_from_json(const std::string& text);
 
 // ---------------------------------------------------------------------------

@@ -32,8 +32,8 @@ ordered_json sources_json(const TraceReport& r) {
                         {"link", s.link}, {"host", s.host}};
     if (s.pci) src["pci"] = ordered_json::parse(pci_device_to_json(*s.pci).dump());
     if (s.ended)
-      src["ended"] = {
-          {"state", s.ended->state}, {"time_ns", s.ended->time_ns}, {"reason", s.ended->reason}};
+      src["ended"] = ordered_json::parse(trace_source_end_to_json(*s.ended).dump(
+          -1, ' ', false, nlohmann::json::error_handler_t::replace));
     sources.push_back(src);
   }
   return sources;
@@ -274,14 +274,8 @@ std::string report_to_json(const TraceReport& r) {
   if (!r.metadata.hosts.empty()) {
     ordered_json hosts = ordered_json::array();
     for (const auto& h : r.metadata.hosts)
-      hosts.push_back({{"name", h.name},
-                       {"machine_id", h.machine_id},
-                       {"boot_id", h.boot_id},
-                       {"kernel", h.kernel},
-                       {"file", h.file},
-                       {"offset_ns", h.offset_ns},
-                       {"uncertainty_ns", h.uncertainty_ns},
-                       {"alignment", h.alignment}});
+      hosts.push_back(ordered_json::parse(
+          trace_host_to_json(h).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace)));
     j["hosts"] = std::move(hosts);
   }
   j["sources"] = sources_json(r);

@@ -36,6 +36,21 @@ const TraceSource* TraceMetadata::find_source(uint16_t sid) const {
   return nullptr;
 }
 
+json trace_host_to_json(const TraceHost& h) {
+  return {{"name", h.name},
+          {"machine_id", h.machine_id},
+          {"boot_id", h.boot_id},
+          {"kernel", h.kernel},
+          {"file", h.file},
+          {"offset_ns", h.offset_ns},
+          {"uncertainty_ns", h.uncertainty_ns},
+          {"alignment", h.alignment}};
+}
+
+json trace_source_end_to_json(const TraceSourceEnd& e) {
+  return {{"state", e.state}, {"time_ns", e.time_ns}, {"reason", e.reason}};
+}
+
 std::string TraceMetadata::source_label(const TraceSource& s) const {
   if (hosts.size() > 1 && s.host < hosts.size()) return hosts[s.host].name + ":" + s.name;
   return s.name;
@@ -148,9 +163,7 @@ std::string trace_metadata_to_json(const TraceMetadata& m) {
     }
     // Added with device timeouts; absent when the source lasted the recording.
     if (s.host != 0) js["host"] = s.host;
-    if (s.ended)
-      js["ended"] = {
-          {"state", s.ended->state}, {"time_ns", s.ended->time_ns}, {"reason", s.ended->reason}};
+    if (s.ended) js["ended"] = trace_source_end_to_json(*s.ended);
     sources.push_back(std::move(js));
   }
   j["sources"] = std::move(sources);
@@ -174,15 +187,7 @@ std::string trace_metadata_to_json(const TraceMetadata& m) {
   }
   if (!m.hosts.empty()) {
     json hosts = json::array();
-    for (const auto& h : m.hosts)
-      hosts.push_back({{"name", h.name},
-                       {"machine_id", h.machine_id},
-                       {"boot_id", h.boot_id},
-                       {"kernel", h.kernel},
-                       {"file", h.file},
-                       {"offset_ns", h.offset_ns},
-                       {"uncertainty_ns", h.uncertainty_ns},
-                       {"alignment", h.alignment}});
+    for (const auto& h : m.hosts) hosts.push_back(trace_host_to_json(h));
     j["hosts"] = std::move(hosts);
   }
   // Replace invalid UTF-8 rather than throw: names come from devices.
