@@ -79,7 +79,8 @@ cat "$OUT/devsim.json"
 step "analysis (perfqctl report $TRACE)"
 "$BIN/perfqctl" report "$TRACE"
 
-"$BIN/perfqctl" export "$TRACE" --format perfetto -o "$OUT/demo.perfetto-trace" >/dev/null
+# Compressed, as a long recording would be exported (perfqctl(1), --compress).
+"$BIN/perfqctl" export "$TRACE" --format perfetto --compress -o "$OUT/demo.perfetto-trace" >/dev/null
 "$BIN/perfqctl" export "$TRACE" --format chrome-json -o "$OUT/demo.json" >/dev/null
 step "perfqctl report $TRACE --html $OUT/report.html"
 "$BIN/perfqctl" report "$TRACE" --html "$OUT/report.html"

@@ -16,6 +16,7 @@ PACKAGES=(
   nlohmann-json3-dev
   libcli11-dev
   libzstd-dev
+  zlib1g-dev
   babeltrace2
   protobuf-compiler
   # perfqctl report --html inlines Chart.js into its page; the test loads

@@ -106,6 +106,24 @@ TEST_CASE("perfqctl export writes every format", "[perfqctl][export]") {
   CHECK(std::filesystem::exists(dir.file("out.ctf/metadata")));
 }
 
+// --compress: perfetto only; another format is refused by name and nothing
+// is written.
+TEST_CASE("perfqctl export --compress", "[perfqctl][export]") {
+  TempDir dir("ctl");
+  const std::string trace = make_trace(dir);
+  Run plain = perfqctl(dir, "export " + trace + " -f perfetto -o " + dir.file("p.pftrace"));
+  REQUIRE(plain.rc == 0);
+  Run z = perfqctl(dir, "export " + trace + " -f perfetto --compress -o " + dir.file("z.pftrace"));
+  INFO(z.err);
+  REQUIRE(z.rc == 0);
+  CHECK(std::filesystem::file_size(dir.file("z.pftrace")) <
+        std::filesystem::file_size(dir.file("p.pftrace")));
+  Run bad = perfqctl(dir, "export " + trace + " -f csv --compress -o " + dir.file("x.csv"));
+  CHECK(bad.rc == 2);
+  CHECK_THAT(bad.err, Catch::Contains("--compress is for -f perfetto, not csv"));
+  CHECK_FALSE(std::filesystem::exists(dir.file("x.csv")));
+}
+
 // Two runs side by side: each figure of both with its change.
 TEST_CASE("perfqctl report A B: the two runs' figures side by side", "[perfqctl][report]") {
   TempDir dir("ctl");

@@ -36,7 +36,16 @@ const char* export_format_name(TraceExportFormat f) {
 Result<TraceExportSummary> export_trace(const std::string& in, TraceExportFormat format,
                                         const std::string& out, const TraceFilter& filter,
                                         const TraceProgress& progress) {
+  return export_trace(in, format, out, TraceExportOptions{}, filter, progress);
+}
+
+Result<TraceExportSummary> export_trace(const std::string& in, TraceExportFormat format,
+                                        const std::string& out, const TraceExportOptions& options,
+                                        const TraceFilter& filter, const TraceProgress& progress) {
   using namespace export_detail;
+  if (options.compress && format != TraceExportFormat::kPerfetto)
+    return Status(Errc::kInvalidArgument, fmt::format("{} cannot be compressed (only perfetto can)",
+                                                      export_format_name(format)));
   auto reader = TraceReader::open(in);
   if (!reader.is_ok()) return reader.status();
   TraceExportSummary sum;
@@ -68,7 +77,7 @@ Result<TraceExportSummary> export_trace(const std::string& in, TraceExportFormat
       s = export_chrome_json(file, out, run);
       break;
     case TraceExportFormat::kPerfetto:
-      s = export_perfetto(file, out, run);
+      s = export_perfetto(file, out, run, options.compress);
       break;
     case TraceExportFormat::kCtf:
       s = export_ctf(file, out, run);

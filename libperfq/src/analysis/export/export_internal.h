@@ -157,7 +157,8 @@ using ReadTrace = std::function<Status(TraceVisitor&)>;
 // stream file), writes what `read` visits, and leaves `file` to be closed.
 Status export_csv(OutFile& file, const std::string& out, const ReadTrace& read);
 Status export_chrome_json(OutFile& file, const std::string& out, const ReadTrace& read);
-Status export_perfetto(OutFile& file, const std::string& out, const ReadTrace& read);
+// compress: packets in zlib-compressed batches (TracePacket.compressed_packets).
+Status export_perfetto(OutFile& file, const std::string& out, const ReadTrace& read, bool compress);
 Status export_ctf(OutFile& file, const std::string& out, const ReadTrace& read);
 
 }  // namespace perfq::export_detail

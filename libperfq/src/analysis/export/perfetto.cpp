@@ -17,6 +17,13 @@
 // sources' counters, losses per stream, and per device the sync's claimed
 // bound and each round's residual; flows from submit to start to end to
 // complete.
+//
+// With compression, the same packets go in batches of about 1 MiB, each
+// deflated (zlib) into one packet's compressed_packets, which is how
+// Perfetto's own DEFLATE compression writes them; trace_processor (and so
+// the UI) inflates each and reads the packets inside in order.
+#include <zlib.h>
+
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
@@ -83,6 +90,7 @@ constexpr uint32_t kSeqFlags = 13;
 constexpr uint32_t kTimestampClockId = 58;
 constexpr uint32_t kPacketDefaults = 59;
 constexpr uint32_t kTrackDescriptor = 60;
+constexpr uint32_t kCompressedPackets = 50;
 constexpr uint32_t kCsClock = 1;  // ClockSnapshot
 constexpr uint32_t kCsPrimary = 2;
 constexpr uint32_t kClkId = 1;  // ClockSnapshot.Clock
@@ -142,7 +150,10 @@ std::optional<int64_t> option_i64(const TraceMetadata& m, const char* key) {
 
 class PerfettoExport : public TraceVisitor {
  public:
-  explicit PerfettoExport(OutFile& out) : out_(out) {}
+  PerfettoExport(OutFile& out, bool compress) : out_(out), compress_(compress) {}
+
+  // What a compressed export still holds goes out as its last batch.
+  Status finish() { return compress_ ? deflate_pending() : Status::ok(); }
 
   Status on_metadata(const TraceMetadata& m) override {
     names_.set_metadata(m);
@@ -150,13 +161,13 @@ class PerfettoExport : public TraceVisitor {
     if (!snapshot_done_) clock_snapshot(m);
     // Processes are described with their first record or counter: an
     // application that exited long before the recording has no track.
-    return out_.write(buf_);
+    return put();
   }
 
   Status on_records(std::span<const TraceRecord> recs) override {
     buf_.clear();
     for (const auto& r : recs) record(r);
-    return out_.write(buf_);
+    return put();
   }
 
   Status on_clock_models(std::span<const TraceClockModel> ms) override {
@@ -169,7 +180,7 @@ class PerfettoExport : public TraceVisitor {
       te.i64(pf::kTeCounter, static_cast<int64_t>(m.model.uncertainty_ns));
       main_packet(te, pf::kTrackEvent, m.installed_ns);
     }
-    return out_.write(buf_);
+    return put();
   }
 
   Status on_sync_samples(std::span<const TraceSyncSample> s) override {
@@ -188,13 +199,13 @@ class PerfettoExport : public TraceVisitor {
       }
       main_packet(te, pf::kTrackEvent, rr.time_ns);
     }
-    return out_.write(buf_);
+    return put();
   }
 
   Status on_losses(std::span<const TraceLoss> ls) override {
     buf_.clear();
     for (const auto& l : ls) lost(l.source, l.stream, l.time_ns, l.count);
-    return out_.write(buf_);
+    return put();
   }
 
  private:
@@ -208,6 +219,31 @@ class PerfettoExport : public TraceVisitor {
   };
 
   uint64_t new_uuid() { return next_uuid_++; }
+
+  // buf_ (whole packets) to the file, or to the batch being compressed.
+  Status put() {
+    if (!compress_) return out_.write(buf_);
+    pending_ += buf_;
+    return pending_.size() >= kBatchBytes ? deflate_pending() : Status::ok();
+  }
+  static constexpr size_t kBatchBytes = size_t{1} << 20;
+  // The batch as one packet of compressed_packets: a zlib stream of the
+  // packets as a Trace message encodes them (tag, length, packet).
+  Status deflate_pending() {
+    if (pending_.empty()) return Status::ok();
+    uLongf n = compressBound(static_cast<uLong>(pending_.size()));
+    deflated_.resize(n);
+    const int rc = compress2(reinterpret_cast<Bytef*>(deflated_.data()), &n,
+                             reinterpret_cast<const Bytef*>(pending_.data()),
+                             static_cast<uLong>(pending_.size()), Z_BEST_SPEED);
+    if (rc != Z_OK) return Status(Errc::kIo, fmt::format("zlib compress2 failed ({})", rc));
+    pending_.clear();
+    pkt_.clear();
+    pkt_.bytes(pf::kCompressedPackets, std::string_view(deflated_.data(), n));
+    trace_.clear();
+    trace_.msg(pf::kTracePacket, pkt_);
+    return out_.write(trace_.str());
+  }
 
   void emit(const Pb& pkt) {
     trace_.clear();
@@ -315,7 +351,8 @@ class PerfettoExport : public TraceVisitor {
     uint64_t uuid = 0;
     Seq seq;
     std::vector<uint32_t> open;
-    bool state_open = false;  // a thread-state track: a state slice is open
+    bool state_open = false;   // a thread-state track: a state slice is open
+    bool hidden_exit = false;  // the next syscall exit is the uretprobe syscall's
   };
   static constexpr size_t kMaxOpen = 256;
   Track& stream_track(uint16_t s, uint16_t st) {
@@ -527,7 +564,13 @@ class PerfettoExport : public TraceVisitor {
     } else if (ev.role == kNoRole && r.rec.arg) {
       annotate_uint(tr.seq, te, interned, "arg", r.rec.arg);
     }
-    if (ev.role == kSubmit || ev.role == kStart || ev.role == kEnd) {
+    // A job's end that closes the slice its start began carries no flow:
+    // the flow already steps through that slice (on both, Perfetto would
+    // draw an arrow from the slice to itself).
+    if (ev.role == kStart && type == pf::kSliceBegin) jobs_[r.rec.arg].start_slice = true;
+    const bool ends_start_slice = ev.role == kEnd && type == pf::kSliceEnd &&
+                                  jobs_.count(r.rec.arg) && jobs_[r.rec.arg].start_slice;
+    if (ev.role == kSubmit || ev.role == kStart || (ev.role == kEnd && !ends_start_slice)) {
       te.fixed64(pf::kTeFlow, flow_id(r.rec.arg));
     } else if (ev.role == kComplete) {
       te.fixed64(pf::kTeTermFlow, flow_id(r.rec.arg));
@@ -625,6 +668,19 @@ class PerfettoExport : public TraceVisitor {
       seq_packet(tr, r.time_ns, interned, te);
       return;
     }
+    if (!is_uprobe && uretprobe_syscall(ev, value)) {
+      // The uretprobe trampoline's syscall: how the kernel delivers the
+      // uretprobe that follows, inside it (so that its exit would come after
+      // the function's slice ended).  The uretprobe ends the function's
+      // slice; neither the syscall nor its exit, the thread's next, is drawn.
+      tr.hidden_exit = true;
+      return;
+    }
+    if (!is_uprobe && !entry && tr.hidden_exit) {
+      tr.hidden_exit = false;
+      return;
+    }
+    if (!is_uprobe) tr.hidden_exit = false;  // (an entry: that exit was lost)
     if (entry) {
       te.u64(pf::kTeType, pf::kSliceBegin);
       te.u64(pf::kTeNameIid,
@@ -681,16 +737,39 @@ class PerfettoExport : public TraceVisitor {
     return colon == std::string::npos ? name : name.substr(colon + 1);
   }
   // The syscall's name where the trace was recorded on x86-64 (its kernel
-  // line says so) and the number is in this build's table, else its number.
+  // line says so) and the number is in this build's table (or one of the
+  // numbers kernels added after the headers it was built with), else its
+  // number.  x86-64 never reuses a number.
   std::string syscall_name(uint64_t nr) const {
     static const std::map<uint64_t, std::string_view> kX86_64 = {
 #include "syscall_names_x86_64.inc"
     };
-    if (names_.metadata().kernel.find("x86_64") != std::string::npos) {
-      auto it = kX86_64.find(nr);
-      if (it != kX86_64.end()) return std::string(it->second);
+    static const std::map<uint64_t, std::string_view> kNewer = {
+        {335, "uretprobe"},  // 6.11
+        {451, "cachestat"},  // 6.5
+        {452, "fchmodat2"},
+        {453, "map_shadow_stack"},  // 6.6
+        {454, "futex_wake"},
+        {455, "futex_wait"},
+        {456, "futex_requeue"},  // 6.7
+        {457, "statmount"},
+        {458, "listmount"},
+        {459, "lsm_get_self_attr"},  // 6.8
+        {460, "lsm_set_self_attr"},
+        {461, "lsm_list_modules"},  // 6.8
+        {462, "mseal"},             // 6.10
+    };
+    if (x86_64()) {
+      if (auto it = kX86_64.find(nr); it != kX86_64.end()) return std::string(it->second);
+      if (auto it = kNewer.find(nr); it != kNewer.end()) return std::string(it->second);
     }
     return fmt::format("syscall {}", nr);
+  }
+  bool x86_64() const { return names_.metadata().kernel.find("x86_64") != std::string::npos; }
+  // The x86-64 uretprobe syscall (335, Linux 6.11 and later), which the
+  // trampoline a uretprobe puts at a probed function's return enters.
+  bool uretprobe_syscall(uint32_t ev, uint64_t nr) const {
+    return ev == PERFQ_KEV_SYSCALL_ENTER && nr == 335 && x86_64();
   }
 
   // Index gaps are losses too (the counter of the stream).
@@ -723,6 +802,9 @@ class PerfettoExport : public TraceVisitor {
   std::string buf_;
   Pb pkt_;
   Pb trace_;
+  const bool compress_;
+  std::string pending_;   // packets of the batch being compressed
+  std::string deflated_;  // its compressed form
   bool snapshot_done_ = false;
   uint64_t next_uuid_ = 1;
   uint32_t next_seq_ = kMainSeq + 1;
@@ -740,6 +822,7 @@ class PerfettoExport : public TraceVisitor {
     int64_t submit = 0, end = 0;
     uint32_t end_claim = 0;
     bool have_submit = false, have_end = false;
+    bool start_slice = false;  // its start began a slice on the device's track
   };
   std::unordered_map<uint64_t, JobTimes> jobs_;
   analysis::SyncResiduals residuals_;
@@ -747,10 +830,12 @@ class PerfettoExport : public TraceVisitor {
 
 }  // namespace
 
-Status export_perfetto(OutFile& file, const std::string& out, const ReadTrace& read) {
+Status export_perfetto(OutFile& file, const std::string& out, const ReadTrace& read,
+                       bool compress) {
   if (Status s = file.open(out); !s.is_ok()) return s;
-  PerfettoExport v(file);
-  return read(v);
+  PerfettoExport v(file, compress);
+  if (Status s = read(v); !s.is_ok()) return s;
+  return v.finish();
 }
 
 }  // namespace perfq::export_detail
