@@ -17,7 +17,11 @@
 set -uo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 results=
-if [ "${1:-}" = --results ]; then results=$2; shift 2; fi
+case "${1:-}" in
+  -h|--help) sed -n '2,/^set -uo/{/^set -uo/d;s/^# \{0,1\}//;p}' "$0"; exit 0 ;;
+  --results) results=${2:?--results needs a FILE}; shift 2 ;;
+  -*) echo "make-deb.sh: unknown option $1 (--results FILE, --help)" >&2; exit 2 ;;
+esac
 BUILD=$(realpath -m "${1:?usage: scripts/make-deb.sh [--results FILE] BUILD_DIR}")
 OUT=$BUILD/deb
 declare -a lines=()
