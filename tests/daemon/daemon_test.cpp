@@ -1360,7 +1360,8 @@ TEST_CASE("daemon: a device that disappears mid-recording: the others go on, the
   INFO("kept devsim: " << keepjs.dump());
   // (Records stamped before the start are not the recording's: counted apart.)
   uint64_t before_start = 0;
-  for (const auto& dev : json::parse(stop->out())["devices"])
+  const json stopped = json::parse(stop->out());  // (a range-for's temporary dies first)
+  for (const auto& dev : stopped["devices"])
     if (dev["device"] == "shm:" + keep.path()) before_start = dev["before_start"].get<uint64_t>();
   CHECK(records_by_source[keep_source] + keepjs["dropped"].get<uint64_t>() + before_start ==
         keepjs["emitted"].get<uint64_t>());
