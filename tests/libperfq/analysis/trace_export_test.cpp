@@ -466,14 +466,12 @@ TEST_CASE("export perfetto: a mark where the clock bound could invert a job's or
   CHECK(marks == 25);
 }
 
-// A host thread (tid known from the trace) gets its kernel events: switches
-// as off-CPU slices on its "thread state" track, syscalls as slices named by
-// the syscall on its own track; another thread's events stay on its CPU's.
-TEST_CASE("export perfetto: kernel events land on their thread's tracks", "[export]") {
-  TempDir dir("export");
-  const std::string in = dir.file("kev.pq");
+// A trace's sources for kernel events: application 256 (pid 4240, thread
+// 0 = tid 4242 "job-0", event 1 job_submit) and the kernel with `events`,
+// recorded on `kernel` (uname's line: the exports name syscalls by it).
+TraceMetadata app_and_kernel(const std::string& kernel, std::vector<EventInfo> events) {
   TraceMetadata meta;
-  meta.kernel = "Linux 6.1.0 x86_64";
+  meta.kernel = kernel;
   TraceSource app;
   app.id = 256;
   app.name = "app";
@@ -484,15 +482,27 @@ TEST_CASE("export perfetto: kernel events land on their thread's tracks", "[expo
   kern.id = PERFQ_KERNEL_SOURCE;
   kern.kind = TraceSourceKind::kKernel;
   kern.name = "kernel";
-  kern.events = {{PERFQ_KEV_SCHED_OUT, PERFQ_KIND_INSTANT, "sched_switch_out"},
-                 {PERFQ_KEV_SCHED_IN, PERFQ_KIND_INSTANT, "sched_switch_in"},
-                 {PERFQ_KEV_SYSCALL_ENTER, PERFQ_KIND_INSTANT, "syscall_enter"},
-                 {PERFQ_KEV_SYSCALL_EXIT, PERFQ_KIND_INSTANT, "syscall_exit"}};
+  kern.events = std::move(events);
+  meta.sources = {app, kern};
+  return meta;
+}
+
+// A host thread (tid known from the trace) gets its kernel events: switches
+// as off-CPU slices on its "thread state" track, syscalls as slices named by
+// the syscall on its own track; another thread's events stay on its CPU's.
+TEST_CASE("export perfetto: kernel events land on their thread's tracks", "[export]") {
+  TempDir dir("export");
+  const std::string in = dir.file("kev.pq");
+  TraceMetadata meta = app_and_kernel(
+      "Linux 6.1.0 x86_64", {{PERFQ_KEV_SCHED_OUT, PERFQ_KIND_INSTANT, "sched_switch_out"},
+                             {PERFQ_KEV_SCHED_IN, PERFQ_KIND_INSTANT, "sched_switch_in"},
+                             {PERFQ_KEV_SYSCALL_ENTER, PERFQ_KIND_INSTANT, "syscall_enter"},
+                             {PERFQ_KEV_SYSCALL_EXIT, PERFQ_KIND_INSTANT, "syscall_exit"}});
   TraceSource gone;  // an application that exited before the recording: no records
   gone.id = 257;
   gone.name = "gone";
   gone.pid = 4100;
-  meta.sources = {app, kern, gone};
+  meta.sources.push_back(gone);
   TraceBuilder b;
   b.instant(256, 0, 1, 1000, 7);
   b.instant(PERFQ_KERNEL_SOURCE, 0, PERFQ_KEV_SYSCALL_ENTER, 1200, uint64_t{230} << 32 | 4242);
@@ -546,23 +556,11 @@ TEST_CASE("export perfetto: a uretprobe's trampoline syscall does not break its 
           "[export]") {
   TempDir dir("export");
   const std::string in = dir.file("uret.pq");
-  TraceMetadata meta;
-  meta.kernel = "Linux 6.12.0 x86_64";
-  TraceSource app;
-  app.id = 256;
-  app.name = "app";
-  app.pid = 4240;
-  app.events = {{1, PERFQ_KIND_INSTANT, "job_submit"}};
-  app.threads = {{0, 4242, "job-0"}};
-  TraceSource kern;
-  kern.id = PERFQ_KERNEL_SOURCE;
-  kern.kind = TraceSourceKind::kKernel;
-  kern.name = "kernel";
-  kern.events = {{PERFQ_KEV_SYSCALL_ENTER, PERFQ_KIND_INSTANT, "syscall_enter"},
-                 {PERFQ_KEV_SYSCALL_EXIT, PERFQ_KIND_INSTANT, "syscall_exit"},
-                 {PERFQ_KEV_UPROBE_BASE, PERFQ_KIND_INSTANT, "uprobe:submit"},
-                 {PERFQ_KEV_UPROBE_BASE + 1, PERFQ_KIND_INSTANT, "uretprobe:submit"}};
-  meta.sources = {app, kern};
+  const TraceMetadata meta = app_and_kernel(
+      "Linux 6.12.0 x86_64", {{PERFQ_KEV_SYSCALL_ENTER, PERFQ_KIND_INSTANT, "syscall_enter"},
+                              {PERFQ_KEV_SYSCALL_EXIT, PERFQ_KIND_INSTANT, "syscall_exit"},
+                              {PERFQ_KEV_UPROBE_BASE, PERFQ_KIND_INSTANT, "uprobe:submit"},
+                              {PERFQ_KEV_UPROBE_BASE + 1, PERFQ_KIND_INSTANT, "uretprobe:submit"}});
   TraceBuilder b;
   const uint64_t tid = 4242;
   b.instant(256, 0, 1, 1000, 7);
