@@ -8,6 +8,7 @@
 
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <string>
 
@@ -17,13 +18,25 @@
 
 namespace {
 
+// A scratch folder of this process, removed when it exits (libFuzzer ends a
+// timed run with exit()), so that runs leave nothing in /dev/shm.
+std::string& scratch_path() {
+  static std::string path;
+  return path;
+}
+void remove_scratch() {
+  std::error_code ec;
+  std::filesystem::remove_all(scratch_path(), ec);
+}
 std::string scratch_dir() {
-  static const std::string dir = [] {
-    std::string d = "/dev/shm/perfq-fuzz-trace-" + std::to_string(::getpid());
-    std::filesystem::create_directories(d);
-    return d;
+  static const bool made = [] {
+    scratch_path() = "/dev/shm/perfq-fuzz-trace-" + std::to_string(::getpid());
+    std::filesystem::create_directories(scratch_path());
+    std::atexit(remove_scratch);
+    return true;
   }();
-  return dir;
+  (void)made;
+  return scratch_path();
 }
 
 }  // namespace
