@@ -157,7 +157,6 @@ class PerfettoExport : public TraceVisitor {
 
   Status on_metadata(const TraceMetadata& m) override {
     names_.set_metadata(m);
-    buf_.clear();
     if (!snapshot_done_) clock_snapshot(m);
     // Processes are described with their first record or counter: an
     // application that exited long before the recording has no track.
@@ -165,13 +164,11 @@ class PerfettoExport : public TraceVisitor {
   }
 
   Status on_records(std::span<const TraceRecord> recs) override {
-    buf_.clear();
     for (const auto& r : recs) record(r);
     return put();
   }
 
   Status on_clock_models(std::span<const TraceClockModel> ms) override {
-    buf_.clear();
     for (const auto& m : ms) {
       residuals_.on_model(m);
       Pb te;
@@ -184,7 +181,6 @@ class PerfettoExport : public TraceVisitor {
   }
 
   Status on_sync_samples(std::span<const TraceSyncSample> s) override {
-    buf_.clear();
     for (const auto& rr : residuals_.rounds(s, names_.metadata())) {
       Pb te;
       te.u64(pf::kTeType, pf::kCounter);
@@ -203,7 +199,6 @@ class PerfettoExport : public TraceVisitor {
   }
 
   Status on_losses(std::span<const TraceLoss> ls) override {
-    buf_.clear();
     for (const auto& l : ls) lost(l.source, l.stream, l.time_ns, l.count);
     return put();
   }
@@ -220,24 +215,25 @@ class PerfettoExport : public TraceVisitor {
 
   uint64_t new_uuid() { return next_uuid_++; }
 
-  // buf_ (whole packets) to the file, or to the batch being compressed.
+  // The packets in buf_ to the file; compressed, once they make a batch.
   Status put() {
-    if (!compress_) return out_.write(buf_);
-    pending_ += buf_;
-    return pending_.size() >= kBatchBytes ? deflate_pending() : Status::ok();
+    if (compress_) return buf_.size() >= kBatchBytes ? deflate_pending() : Status::ok();
+    Status s = out_.write(buf_);
+    buf_.clear();
+    return s;
   }
   static constexpr size_t kBatchBytes = size_t{1} << 20;
   // The batch as one packet of compressed_packets: a zlib stream of the
   // packets as a Trace message encodes them (tag, length, packet).
   Status deflate_pending() {
-    if (pending_.empty()) return Status::ok();
-    uLongf n = compressBound(static_cast<uLong>(pending_.size()));
+    if (buf_.empty()) return Status::ok();
+    uLongf n = compressBound(static_cast<uLong>(buf_.size()));
     deflated_.resize(n);
     const int rc = compress2(reinterpret_cast<Bytef*>(deflated_.data()), &n,
-                             reinterpret_cast<const Bytef*>(pending_.data()),
-                             static_cast<uLong>(pending_.size()), Z_BEST_SPEED);
+                             reinterpret_cast<const Bytef*>(buf_.data()),
+                             static_cast<uLong>(buf_.size()), Z_BEST_SPEED);
     if (rc != Z_OK) return Status(Errc::kIo, fmt::format("zlib compress2 failed ({})", rc));
-    pending_.clear();
+    buf_.clear();
     pkt_.clear();
     pkt_.bytes(pf::kCompressedPackets, std::string_view(deflated_.data(), n));
     trace_.clear();
@@ -568,8 +564,9 @@ class PerfettoExport : public TraceVisitor {
     // the flow already steps through that slice (on both, Perfetto would
     // draw an arrow from the slice to itself).
     if (ev.role == kStart && type == pf::kSliceBegin) jobs_[r.rec.arg].start_slice = true;
-    const bool ends_start_slice = ev.role == kEnd && type == pf::kSliceEnd &&
-                                  jobs_.count(r.rec.arg) && jobs_[r.rec.arg].start_slice;
+    const auto job = jobs_.find(r.rec.arg);
+    const bool ends_start_slice =
+        ev.role == kEnd && type == pf::kSliceEnd && job != jobs_.end() && job->second.start_slice;
     if (ev.role == kSubmit || ev.role == kStart || (ev.role == kEnd && !ends_start_slice)) {
       te.fixed64(pf::kTeFlow, flow_id(r.rec.arg));
     } else if (ev.role == kComplete) {
@@ -799,12 +796,11 @@ class PerfettoExport : public TraceVisitor {
 
   OutFile& out_;
   Names names_;
-  std::string buf_;
+  std::string buf_;  // whole packets not yet written (compressed: the batch)
   Pb pkt_;
   Pb trace_;
   const bool compress_;
-  std::string pending_;   // packets of the batch being compressed
-  std::string deflated_;  // its compressed form
+  std::string deflated_;  // a batch compressed
   bool snapshot_done_ = false;
   uint64_t next_uuid_ = 1;
   uint32_t next_seq_ = kMainSeq + 1;
