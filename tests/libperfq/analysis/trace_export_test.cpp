@@ -418,13 +418,20 @@ TEST_CASE("export perfetto: Perfetto's rules give back every record, its time an
   REQUIRE(t.snapshots.size() == 1);
 }
 
-TEST_CASE("export perfetto: small, with interned names and timestamp deltas", "[export]") {
-  TempDir dir("export");
+// 20 000 synthetic jobs with work slices and counters: a trace whose
+// Perfetto export is some megabytes.
+std::string jobs_trace(const TempDir& dir) {
   const std::string in = dir.file("big.pq");
   SynthTraceOptions o;
   o.jobs = 20'000;
   o.work_pairs = true;
   REQUIRE(write_synthetic_trace(in, o).is_ok());
+  return in;
+}
+
+TEST_CASE("export perfetto: small, with interned names and timestamp deltas", "[export]") {
+  TempDir dir("export");
+  const std::string in = jobs_trace(dir);
   auto s = export_trace(in, TraceExportFormat::kPerfetto, dir.file("out.pftrace"));
   REQUIRE(s.is_ok());
   const auto bytes = std::filesystem::file_size(dir.file("out.pftrace"));
@@ -595,11 +602,7 @@ TEST_CASE("export perfetto: a uretprobe's trampoline syscall does not break its 
 // export's bytes.
 TEST_CASE("export perfetto: compressed, the same packets at a fraction of the size", "[export]") {
   TempDir dir("export");
-  const std::string in = dir.file("big.pq");
-  SynthTraceOptions o;
-  o.jobs = 20'000;
-  o.work_pairs = true;
-  REQUIRE(write_synthetic_trace(in, o).is_ok());
+  const std::string in = jobs_trace(dir);
   auto plain = export_trace(in, TraceExportFormat::kPerfetto, dir.file("plain.pftrace"));
   REQUIRE(plain.is_ok());
   TraceExportOptions opt;
