@@ -54,9 +54,7 @@ class DeviceThreads {
       if (src.pci->pcie && src.pci->pcie->link_current)
         src.link = pci_link_name(*src.pci->pcie->link_current);
     }
-    if (auto dict = read_dictionary(region))
-      for (const auto& e : *dict)
-        src.events.push_back({e.event, static_cast<uint16_t>(e.kind), e.name});
+    if (auto dict = read_dictionary(region)) src.events = std::move(dict.value());
     return src;
   }
 

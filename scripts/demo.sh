@@ -10,7 +10,8 @@
 #   perfqctl start   starts a recording (with the host kernel's events of the
 #                    app, when run as root); perfqctl stop ends it
 #   perfq-demo-app   submits jobs to the device's job queue from two threads,
-#                    recording job_submit / job_complete through libperfq
+#                    recording job_submit / job_complete through libperfq, and
+#                    an h2d_copy range of each job's 64 KiB payload (a byte count)
 #   perfqctl report  the analysis of the merged trace
 #
 # Every process it starts is stopped on exit, whatever happens.
@@ -62,7 +63,7 @@ step "perfqctl start -o $TRACE --force --kernel-events sched,syscalls --uprobe p
 
 step "running the demo application: jobs from two host threads (a few seconds)"
 "$BIN/perfq-demo-app" --device "shm:$REGION" --socket "$SOCKET" --jobs $((DURATION * 4000)) \
-  --threads 2 --job-us 100 --inflight 2
+  --threads 2 --job-us 100 --inflight 2 --copy-bytes 65536
 
 step "perfqctl status"
 "$BIN/perfqctl" --socket "$SOCKET" status

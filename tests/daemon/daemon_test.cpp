@@ -230,7 +230,8 @@ TEST_CASE("daemon: devsim, daemon and a multi-threaded demo app make one ordered
   const std::string trace = dir.file("e2e.trace");
   Child dev({kBin + "/perfq-devsim", "--region", shm.path(), "--create", "--workers", "2", "--rate",
              "5000", "--job-workers", "2", "--duration", std::to_string(4 * kSlow),
-             "--clock-offset-ns", "-7000000000", "--clock-drift-ppm", "30", "--wait-host"});
+             "--clock-offset-ns", "-7000000000", "--clock-drift-ppm", "30", "--wait-host",
+             "--job-bytes", "4096"});
   REQUIRE(dev.started());
   REQUIRE(
       wait_for([&] { return access(shm.path().c_str(), F_OK) == 0; }, std::chrono::seconds(10)));
@@ -240,7 +241,8 @@ TEST_CASE("daemon: devsim, daemon and a multi-threaded demo app make one ordered
   REQUIRE(st->exit_code() == 0);
 
   Child app({kBin + "/perfq-demo-app", "--device", "shm:" + shm.path(), "--socket", d.socket,
-             "--jobs", "600", "--threads", "3", "--job-us", "50", "--inflight", "2"});
+             "--jobs", "600", "--threads", "3", "--job-us", "50", "--inflight", "2", "--copy-bytes",
+             "65536"});
   REQUIRE(app.wait(std::chrono::seconds(static_cast<int>(60 * kSlow))));
   INFO("demo-app: " << app.out() << app.err());
   REQUIRE(app.exit_code() == 0);
@@ -363,6 +365,28 @@ TEST_CASE("daemon: devsim, daemon and a multi-threaded demo app make one ordered
   CHECK(rj["causality_violations"].get<uint64_t>() +
             rj["causality_within_bounds"].get<uint64_t>() ==
         violations);
+
+  // What the byte-count events moved, against what the programs say they
+  // did: the app's copies (its h2d_copy ranges, arg declared at
+  // registration) and the device's dma_read of each job (declared in its
+  // region's dictionary).
+  std::map<std::string, json> moved;
+  for (const auto& e : rj["events"])
+    if (e.contains("throughput")) moved[e["name"].get<std::string>()] = e["throughput"];
+  REQUIRE(moved.size() == 2);
+  const json& copy = moved["h2d_copy"];
+  const json& dma = moved["dma_read"];
+  CHECK(copy["calls"] == appjs["submit_calls"]);
+  CHECK(copy["bytes"].get<double>() == appjs["copied_bytes"].get<double>());
+  CHECK(copy["min_bytes"] == 65536);
+  CHECK(copy["max_bytes"] == 65536);
+  CHECK(copy["ranges"] == copy["calls"]);
+  CHECK(copy["in_range_bytes_per_s"].get<double>() > 0);
+  CHECK(copy["bytes_per_s"].get<double>() ==
+        Approx(copy["bytes"].get<double>() / (rj["duration_ns"].get<double>() / 1e9)));
+  CHECK(dma["calls"] == devjs["jobs_completed"]);
+  CHECK(dma["bytes"].get<double>() == 4096.0 * devjs["jobs_completed"].get<double>());
+  CHECK(dma["link"].is_null());  // a region in /dev/shm: no PCIe link
 }
 
 TEST_CASE("daemon: records a device dropped are counted once, as the device counted them",

@@ -80,6 +80,16 @@ const nlohmann::json* at_path(const nlohmann::json& j, const std::string& path) 
   return v;
 }
 
+// "B", "kB", "MB", "GB", "TB" (decimal), alone or per second.
+std::optional<double> bytes_unit(std::string unit) {
+  if (unit.ends_with("/s")) unit.resize(unit.size() - 2);
+  static const std::pair<const char*, double> kUnits[] = {
+      {"B", 1}, {"kB", 1e3}, {"MB", 1e6}, {"GB", 1e9}, {"TB", 1e12}};
+  for (const auto& [u, f] : kUnits)
+    if (unit == u) return f;
+  return std::nullopt;
+}
+
 // A figure as shown ("12.346 µs", "1,234", "25.000 ppm", "3.938 GB/s") in
 // the JSON's unit, with the half-unit of its last digit it may be off by.
 struct Shown {
@@ -107,6 +117,8 @@ std::optional<Shown> parse_shown(std::string text) {
     scale = 0.01;
   } else if (unit == "GB/s") {
     scale = 1e9;
+  } else if (const auto b = bytes_unit(unit)) {
+    scale = *b;
   } else {
     return std::nullopt;
   }
@@ -136,6 +148,7 @@ TEST_CASE("report --html: chromium draws every chart, no console error, the JSON
   p.link_current = PciLink{16000, 8};
   d.pcie = p;
   o.device_pci = d;
+  o.transfer_bytes = {65'536, 4'096, 1'048'576};
   REQUIRE(write_synthetic_trace(trace, o).is_ok());
 
   const std::string page = dir.file("report.html");
@@ -183,8 +196,8 @@ TEST_CASE("report --html: chromium draws every chart, no console error, the JSON
   REQUIRE(std::regex_search(dom, m, charts_re));
   const size_t charts = std::stoul(m[1]);
   // The breakdown, three distributions, records and losses over time, the
-  // device's sync.
-  CHECK(charts == 7);
+  // device's sync, the throughput of the byte-count events.
+  CHECK(charts == 8);
   REQUIRE(probe["canvases"].size() == charts);
   for (const auto& c : probe["canvases"]) {
     INFO(c.dump());
@@ -240,6 +253,15 @@ TEST_CASE("report --html: chromium draws every chart, no console error, the JSON
     INFO(must);
     CHECK(paths.count(must) == 1);
   }
+  // Both byte-count events, with their link's share (the host's through the
+  // trace's one device).
+  size_t shares = 0, in_range = 0;
+  for (const auto& p : paths) {
+    shares += p.starts_with("events.") && p.ends_with(".throughput.link.share");
+    in_range += p.starts_with("events.") && p.ends_with(".throughput.in_range_bytes_per_s");
+  }
+  CHECK(shares == 2);
+  CHECK(in_range == 1);  // the host's h2d_copy ranges; the device's are instants
 
   // The screenshot, kept for people to look at.
   const std::string shots = std::string(PERFQ_TEST_ARTEFACT_DIR);

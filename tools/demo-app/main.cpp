@@ -15,6 +15,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdio>
+#include <cstring>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <thread>
@@ -50,16 +51,21 @@ struct Options {
   double timeout_s = 10;
   std::string socket;  // perfq-daemon's socket; empty: $PERFQ_SOCKET or the default
   double connect_s = 0.5;
+  uint64_t copy_bytes = 0;  // staged per job before its submit (h2d_copy)
 };
 
 struct HostEvents {
   Event submit{"job_submit", EventKind::kInstant};
   Event complete{"job_complete", EventKind::kInstant};
+  // The job's payload copied into a staging buffer before the submit, as a
+  // driver stages a host-to-device transfer: its arg is the byte count.
+  Event copy{"h2d_copy", EventKind::kSpan, PERFQ_ARG_BYTES};
 };
 
 struct ThreadResult {
   uint64_t submitted = 0, completed = 0, unknown = 0;
   uint64_t submit_calls = 0;  // perfq_demo_submit() calls, taken or not
+  uint64_t copied_bytes = 0;  // payload bytes staged (h2d_copy)
   std::vector<uint64_t> latency_ns;
   std::string error;
 };
@@ -75,6 +81,8 @@ void run_thread(const JobQueue& q, unsigned t, uint64_t count, const Options& o,
   const uint64_t prefix =
       (static_cast<uint64_t>(getpid()) & 0xffffff) << 40 | static_cast<uint64_t>(t & 0xff) << 32;
   std::unordered_map<uint64_t, uint64_t> submit_time;  // corr id -> host time
+  // The payload and its staging buffer (each job's bytes differ a little).
+  std::vector<unsigned char> payload(o.copy_bytes), staging(o.copy_bytes);
   res.latency_ns.reserve(count);
   Backoff idle(std::chrono::microseconds(50));
   uint64_t last_progress = monotonic_ns();
@@ -85,6 +93,13 @@ void run_thread(const JobQueue& q, unsigned t, uint64_t count, const Options& o,
       const uint64_t now = monotonic_ns();
       const perfq_job job{prefix | (res.submitted + 1), static_cast<uint64_t>(o.job_us * 1000), now,
                           0};
+      if (o.copy_bytes) {
+        payload[res.submitted % o.copy_bytes] = static_cast<unsigned char>(res.submitted);
+        span_begin(ev.copy, o.copy_bytes);
+        std::memcpy(staging.data(), payload.data(), o.copy_bytes);
+        span_end(ev.copy, o.copy_bytes);
+        res.copied_bytes += o.copy_bytes;
+      }
       instant(ev.submit, job.corr_id);
       ++res.submit_calls;
       if (!perfq_demo_submit(job.corr_id, &*ch, &job)) break;
@@ -163,7 +178,7 @@ int run(const Options& o) {
   for (auto& th : threads) th.join();
   const double elapsed = static_cast<double>(monotonic_ns() - start) / 1e9;
 
-  uint64_t submitted = 0, completed = 0, unknown = 0, submit_calls = 0;
+  uint64_t submitted = 0, completed = 0, unknown = 0, submit_calls = 0, copied_bytes = 0;
   std::vector<uint64_t> lat;
   int rc = 0;
   for (auto& r : results) {
@@ -171,6 +186,7 @@ int run(const Options& o) {
     completed += r.completed;
     unknown += r.unknown;
     submit_calls += r.submit_calls;
+    copied_bytes += r.copied_bytes;
     lat.insert(lat.end(), r.latency_ns.begin(), r.latency_ns.end());
     if (!r.error.empty()) {
       std::fprintf(stderr, "perfq-demo-app: %s\n", r.error.c_str());
@@ -184,6 +200,7 @@ int run(const Options& o) {
       {"completed", completed},
       {"unknown_completions", unknown},
       {"submit_calls", submit_calls},
+      {"copied_bytes", copied_bytes},
       {"pid", getpid()},
       {"threads", o.threads},
       {"elapsed_s", elapsed},
@@ -232,6 +249,11 @@ int main(int argc, char** argv) {
                  "Wait up to S seconds for the daemon before starting the jobs")
       ->capture_default_str()
       ->check(CLI::Range(0.0, 60.0));
+  app.add_option("--copy-bytes", o.copy_bytes,
+                 "Before each submit, copy a payload of N bytes into a staging buffer, recorded\n"
+                 "as an h2d_copy range whose arg is the byte count (report: throughput)")
+      ->capture_default_str()
+      ->check(CLI::Range(uint64_t{0}, uint64_t{1} << 30));
   CLI11_PARSE(app, argc, argv);
   return perfq::run(o);
 }

@@ -35,6 +35,7 @@ enum DevsimEvent : uint32_t {
   kEvJobStart = 1,
   kEvJobEnd = 2,
   kEvTick = 3,
+  kEvDmaRead = 4,  // with --job-bytes: a job's payload read, its arg the byte count
 };
 
 const std::vector<EventInfo> kDictionary = {
@@ -43,6 +44,7 @@ const std::vector<EventInfo> kDictionary = {
     {kEvJobEnd, PERFQ_KIND_END, "job_end"},
     {kEvTick, PERFQ_KIND_INSTANT, "tick"},
 };
+const EventInfo kDmaRead = {kEvDmaRead, PERFQ_KIND_INSTANT, "dma_read", {std::string(kArgBytes)}};
 
 struct Options {
   std::string region;
@@ -63,6 +65,7 @@ struct Options {
   uint64_t timer_offset = 0;
   bool truth = false;
   bool wait_host = false;
+  uint64_t job_bytes = 0;
   std::string name = "perfq-devsim";
 };
 
@@ -107,7 +110,8 @@ void synthetic_worker(DeviceQueue& s, const SimClock& clock, double rate, bool t
 // A job worker: runs the jobs of its channels (busy for the requested time)
 // and posts completions; job_start/job_end carry the correlation id.
 void job_worker(DeviceQueue& s, const SimClock& clock, const JobQueue& q, unsigned index,
-                unsigned count, const std::atomic<bool>& stop, std::atomic<uint64_t>& done) {
+                unsigned count, uint64_t job_bytes, const std::atomic<bool>& stop,
+                std::atomic<uint64_t>& done) {
   const perfq_dev_jobq jq = q.device();
   Backoff idle(std::chrono::microseconds(100));
   while (!stop.load(std::memory_order_relaxed)) {
@@ -121,6 +125,7 @@ void job_worker(DeviceQueue& s, const SimClock& clock, const JobQueue& q, unsign
       const uint64_t t0 = monotonic_ns();
       const uint64_t d0 = clock.device_time_at(t0);
       (void)s.record_at(kEvJobStart, PERFQ_KIND_BEGIN, d0, job.corr_id);
+      if (job_bytes) (void)s.record_at(kEvDmaRead, PERFQ_KIND_INSTANT, d0, job_bytes);
       while (monotonic_ns() - t0 < duration) {
       }
       const uint64_t d1 = clock.now();
@@ -208,10 +213,10 @@ std::vector<std::thread> start_workers(const Options& o, const Streams& st, cons
       synthetic_worker(*st.raw[i], clock, per_worker, truth, go, stop);
     });
   for (unsigned j = 0; j < job_workers; ++j)
-    workers.emplace_back(
-        [&st, &clock, &jobq, &stop, &jobs_done, first = o.workers, job_workers, j] {
-          job_worker(*st.raw[first + j], clock, jobq, j, job_workers, stop, jobs_done);
-        });
+    workers.emplace_back([&st, &clock, &jobq, &stop, &jobs_done, first = o.workers, job_workers, j,
+                          bytes = o.job_bytes] {
+      job_worker(*st.raw[first + j], clock, jobq, j, job_workers, bytes, stop, jobs_done);
+    });
   return workers;
 }
 
@@ -304,7 +309,9 @@ int run(const Options& o) {
   Result<Region> region = open_region(o);
   if (!region) return fail(region.status());
   const Region& r = *region;
-  if (Status s = publish_dictionary(r, kDictionary); !s) return fail(s);
+  std::vector<EventInfo> dictionary = kDictionary;
+  if (o.job_bytes) dictionary.push_back(kDmaRead);
+  if (Status s = publish_dictionary(r, dictionary); !s) return fail(s);
   auto jobq = JobQueue::format(r.app_area());
   if (!jobq) return fail(jobq.status());
   const unsigned job_workers = std::min<unsigned>(o.job_workers, jobq->channels());
@@ -383,6 +390,10 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--workers", o.workers, "Synthetic worker threads")->capture_default_str();
   app.add_option("--job-workers", o.job_workers, "Job worker threads")->capture_default_str();
+  app.add_option("--job-bytes", o.job_bytes,
+                 "Each job reads a payload of N bytes: a dma_read instant at its start whose arg,\n"
+                 "declared a byte count, the report turns into throughput (0: none)")
+      ->capture_default_str();
   app.add_option("--rate", o.rate,
                  "Synthetic events per second, all workers together (in bursts of up to 256 "
                  "events or 1 ms each)")

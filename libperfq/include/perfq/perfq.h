@@ -54,7 +54,7 @@
  * included, every function below is a static inline no-op and every macro
  * expands to nothing that records: the program needs no libperfq to link.
  * The no-ops return what a working library without a daemon would, except
- * perfq_event() and perfq_event2(), which return 1 so that error checks
+ * perfq_event(), perfq_event_arg() and perfq_event2(), which return 1 so that error checks
  * stay quiet.
  *
  * Two numbers in one record (bytes and a queue id): the 32-byte record
@@ -62,6 +62,12 @@
  * perfq_event2() names the two 32-bit halves of its arg, PERFQ_ARG2()
  * packs them, and the Perfetto and Chrome JSON exports show the two
  * numbers under their names; CSV and CTF carry the packed arg.
+ *
+ * Byte counts: an event whose arg (perfq_event_arg()) or one of whose two
+ * numbers (perfq_event2()) is named PERFQ_ARG_BYTES carries a byte count in
+ * it, and `perfqctl report` gives its throughput: bytes per second and per
+ * call, and their share of the PCIe link's ceiling.  A range's bytes are
+ * its begin's arg (its end's arg is not counted); an instant's are its own.
  *
  * Not in this API, and why: string arguments (interned once, as the
  * Perfetto SDK interns them).  A record carries one 64-bit arg and the
@@ -134,9 +140,13 @@ static inline int perfq_category_enabled(const struct perfq_category* c)
 #endif
 }
 
-/* The longest name of one of an event's two args (perfq_event2()), with
+/* The longest name of an event's arg (perfq_event_arg(), perfq_event2()), with
  * its NUL. */
 #define PERFQ_ARG_NAME_LEN 32u
+
+/* The arg name that declares a byte count (perfq_event_arg(),
+ * perfq_event2()). */
+#define PERFQ_ARG_BYTES "bytes"
 
 /* The arg of an event of perfq_event2(): hi in the upper 32 bits, lo in
  * the lower. */
@@ -179,6 +189,21 @@ uint32_t perfq_event(const char* name, int kind);
  * other arg names or as a one-number event.
  */
 uint32_t perfq_event2(const char* name, int kind, const char* arg_hi, const char* arg_lo);
+
+/*
+ * Register an event whose arg is one 64-bit number named arg (1 to
+ * PERFQ_ARG_NAME_LEN-1 bytes), shown under that name by the exports;
+ * PERFQ_ARG_BYTES declares a byte count (see "Byte counts" above):
+ *
+ *   uint32_t h2d = perfq_event_arg("h2d_copy", PERFQ_KIND_BEGIN, PERFQ_ARG_BYTES);
+ *   perfq_begin(h2d, len); copy(dst, src, len); perfq_end(h2d, len);
+ *
+ * kind: PERFQ_KIND_BEGIN or PERFQ_KIND_INSTANT.  As perfq_event()
+ * otherwise; the errors are the same, and also EINVAL for a NULL or empty
+ * arg or PERFQ_KIND_COUNTER, ENAMETOOLONG for an arg name too long, EEXIST
+ * for a name registered with another arg name or none.
+ */
+uint32_t perfq_event_arg(const char* name, int kind, const char* arg);
 
 /* Record an event with the calling thread's ring.  arg: correlation id,
  * byte count... (counter: the value).  Never blocks. */
@@ -251,6 +276,13 @@ static inline uint32_t perfq_event(const char* name, int kind)
 {
 	(void)name;
 	(void)kind;
+	return 1;
+}
+static inline uint32_t perfq_event_arg(const char* name, int kind, const char* arg)
+{
+	(void)name;
+	(void)kind;
+	(void)arg;
 	return 1;
 }
 static inline uint32_t perfq_event2(const char* name, int kind, const char* arg_hi,

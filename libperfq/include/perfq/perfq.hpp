@@ -37,6 +37,10 @@ class Event {
  public:
   explicit Event(const char* name, EventKind kind = EventKind::kSpan) noexcept
       : id_(perfq_event(name, static_cast<int>(kind))), error_(id_ ? 0 : errno) {}
+  // An event whose arg is one number named arg (perfq_event_arg()):
+  // PERFQ_ARG_BYTES declares a byte count.
+  Event(const char* name, EventKind kind, const char* arg) noexcept
+      : id_(perfq_event_arg(name, static_cast<int>(kind), arg)), error_(id_ ? 0 : errno) {}
   // An event whose arg is two 32-bit numbers named arg_hi and arg_lo
   // (perfq_event2()): record it with arg2(hi, lo).
   Event(const char* name, EventKind kind, const char* arg_hi, const char* arg_lo) noexcept

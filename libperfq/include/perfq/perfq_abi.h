@@ -334,10 +334,15 @@ struct perfq_sync_page {
 /* Event id 0 is reserved in every dictionary for loss reports (kind LOST). */
 #define PERFQ_EVENT_LOST 0u
 
+/* perfq_dict_entry.flags: the record's arg is a byte count (the host names
+ * it "bytes" and the report gives the event's throughput).  Bits not
+ * defined here are zero, and a host ignores them. */
+#define PERFQ_DICT_ARG_BYTES 0x0001u
+
 struct perfq_dict_entry {
 	perfq_u32 event; /* event id used in records */
 	perfq_u16 kind; /* enum perfq_kind the event is recorded with */
-	perfq_u16 reserved0;
+	perfq_u16 flags; /* PERFQ_DICT_* (zero before they existed) */
 	perfq_u64 reserved1;
 	perfq_u8 name[PERFQ_EVENT_NAME_LEN]; /* NUL-terminated */
 };

@@ -126,6 +126,8 @@ int perfq_dev_dictionary_write(void *base, const struct perfq_region_header *h,
 		return PERFQ_DEV_ENOSPC;
 	for (i = 0; i < count; i++) {
 		const struct perfq_dev_event *e = &events[i];
+		const uint16_t kind = (uint16_t)(e->kind & ~PERFQ_DEV_ARG_BYTES);
+		const bool bytes = (e->kind & PERFQ_DEV_ARG_BYTES) != 0;
 		struct perfq_dict_entry entry;
 		size_t n;
 
@@ -133,11 +135,13 @@ int perfq_dev_dictionary_write(void *base, const struct perfq_region_header *h,
 			return PERFQ_DEV_EINVAL;
 		n = name_len(e->name, PERFQ_EVENT_NAME_LEN);
 		if (n == 0 || n >= PERFQ_EVENT_NAME_LEN || !printable(e->name, n) ||
-		    e->kind == PERFQ_KIND_INVALID || e->kind > PERFQ_KIND_MAX)
+		    kind == PERFQ_KIND_INVALID || kind > PERFQ_KIND_MAX ||
+		    (bytes && kind == PERFQ_KIND_COUNTER))
 			return PERFQ_DEV_EINVAL;
 		__builtin_memset(&entry, 0, sizeof(entry));
 		entry.event = e->event;
-		entry.kind = e->kind;
+		entry.kind = kind;
+		entry.flags = bytes ? PERFQ_DICT_ARG_BYTES : 0;
 		__builtin_memcpy(entry.name, e->name, n);
 		entries[i] = entry;
 	}

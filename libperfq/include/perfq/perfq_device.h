@@ -124,9 +124,15 @@ int perfq_dev_layout(const struct perfq_dev_geometry *g, struct perfq_region_hea
 int perfq_dev_region_init(void *base, uint64_t len, const struct perfq_dev_geometry *g,
 			  struct perfq_region_header *out);
 
+/* OR into perfq_dev_event.kind: the event's arg is a byte count, and the
+ * report gives its throughput and its share of the PCIe link:
+ *   { EV_DMA_H2D, PERFQ_KIND_BEGIN | PERFQ_DEV_ARG_BYTES, "dma_h2d" }
+ * (a range's bytes are its begin's arg).  Not for PERFQ_KIND_COUNTER. */
+#define PERFQ_DEV_ARG_BYTES 0x100u
+
 struct perfq_dev_event {
 	uint32_t event;	  /* id records carry; PERFQ_EVENT_LOST (0) is perfq's own */
-	uint16_t kind;	  /* enum perfq_kind */
+	uint16_t kind;	  /* enum perfq_kind, | PERFQ_DEV_ARG_BYTES */
 	const char *name; /* 1..47 printable ASCII characters */
 };
 

@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -162,6 +163,34 @@ struct ReportValues {
   int64_t max_at_ns = 0;
 };
 
+// What an event whose arg is a byte count (EventInfo::bytes(): declared
+// when it was registered) moved.  A call is a BEGIN or INSTANT record of it:
+// a range's bytes are its BEGIN's arg (its END's is not counted).
+struct ReportThroughput {
+  uint64_t calls = 0;
+  double bytes = 0;  // summed over the calls (exact below 2^53)
+  uint64_t min_bytes = 0;
+  uint64_t max_bytes = 0;
+  int64_t max_at_ns = 0;  // host time of the (first) largest call
+  double bytes_per_call = 0;
+  double bytes_per_s = 0;  // bytes over the recording's duration
+  // Ranges: the bytes of the ranges that closed, over their summed
+  // durations: the rate while a transfer is in progress.
+  uint64_t ranges = 0;
+  double range_bytes = 0;
+  double range_ns = 0;
+  double in_range_bytes_per_s = 0;  // 0 without closed ranges of nonzero length
+  // The PCIe link its share is of (each direction): a device event's own
+  // device's, a host event's the one device of its host with link figures.
+  // link_source 0 and no shares when there is no such link (none known, or
+  // several devices: which one the bytes crossed is not recorded).
+  uint16_t link_source = 0;
+  std::string link;  // "Gen4 x8"
+  double link_bytes_per_s = 0;
+  double link_share = 0;           // bytes_per_s / link_bytes_per_s
+  double in_range_link_share = 0;  // in_range_bytes_per_s / link_bytes_per_s
+};
+
 struct ReportEvent {
   uint16_t source = 0;
   uint32_t event = 0;
@@ -169,7 +198,8 @@ struct ReportEvent {
   uint16_t kind = 0;
   uint64_t count = 0;
   double rate_per_s = 0;
-  ReportValues values;  // PERFQ_KIND_COUNTER only
+  ReportValues values;                         // PERFQ_KIND_COUNTER only
+  std::optional<ReportThroughput> throughput;  // events whose arg is a byte count
 };
 
 // Durations of begin/end pairs: an END closes the innermost open BEGIN of

@@ -58,7 +58,23 @@ struct StreamState {
   LossesSeen gaps;      // index gaps (losses only if they are not filled later)
   bool seen = false;
   uint64_t last_index = 0;
-  std::vector<std::pair<uint32_t, int64_t>> open;  // BEGIN event, time
+  struct Open {
+    uint32_t event = 0;
+    int64_t t = 0;
+    uint64_t bytes = 0;  // its byte count, for an event whose arg is one
+  };
+  std::vector<Open> open;  // BEGINs not yet ended, innermost last
+};
+
+// An event's byte counts as they come (ReportThroughput).
+struct BytesState {
+  uint64_t calls = 0;
+  long double bytes = 0;  // 64 bits of mantissa: exact to 2^64
+  uint64_t min = 0, max = 0;
+  int64_t max_at_ns = 0;
+  uint64_t ranges = 0;
+  long double range_bytes = 0;
+  long double range_ns = 0;
 };
 
 struct Job {
@@ -183,6 +199,8 @@ class Analyzer : public TraceVisitor {
     const double secs = static_cast<double>(r_.duration_ns) / 1e9;
     for (auto& [key, e] : events_) {
       e.rate_per_s = secs > 0 ? static_cast<double>(e.count) / secs : 0;
+      if (auto b = bytes_.find(key); b != bytes_.end())
+        e.throughput = throughput(e, b->second, secs);
       r_.events.push_back(e);
     }
     for (auto& [key, h] : pairs_) {
@@ -318,6 +336,7 @@ class Analyzer : public TraceVisitor {
   struct EvInfo {
     std::string name;
     JobRole role = kNoRole;
+    EventInfo::Bytes bytes = EventInfo::Bytes::kNone;
   };
   const EvInfo& info(uint16_t source, uint32_t event) {
     auto [it, fresh] = evinfo_.try_emplace(event_key(source, event));
@@ -326,6 +345,7 @@ class Analyzer : public TraceVisitor {
       const EventInfo* e = s ? s->find_event(event) : nullptr;
       it->second.name = e ? e->name : fmt::format("event_{}", event);
       it->second.role = job_role(it->second.name);
+      if (e) it->second.bytes = e->bytes();
     }
     return it->second;
   }
@@ -362,6 +382,8 @@ class Analyzer : public TraceVisitor {
 
     const EvInfo& ev = info(in.source, rec.event);
     const JobRole role = ev.role;  // `ev` may move when info() inserts below
+    const EventInfo::Bytes bytes_in = ev.bytes;
+    uint64_t bytes = 0;
     auto [eit, fresh] = events_.try_emplace(event_key(in.source, rec.event));
     if (fresh) {
       eit->second.source = in.source;
@@ -371,6 +393,11 @@ class Analyzer : public TraceVisitor {
     }
     ++eit->second.count;
     if (in.kind() == PERFQ_KIND_COUNTER) counter_value(eit->second, rec.arg, t);
+    if (bytes_in != EventInfo::Bytes::kNone &&
+        (in.kind() == PERFQ_KIND_BEGIN || in.kind() == PERFQ_KIND_INSTANT)) {
+      bytes = EventInfo::bytes_of(bytes_in, rec.arg);
+      byte_call(bytes_[event_key(in.source, rec.event)], bytes, t);
+    }
 
     switch (in.kind()) {
       case PERFQ_KIND_LOST:
@@ -379,20 +406,26 @@ class Analyzer : public TraceVisitor {
         timeline_.add_lost(in.source, rec.stream, t, rec.arg);
         break;
       case PERFQ_KIND_BEGIN:
-        if (st.open.size() < 1024) st.open.emplace_back(rec.event, t);
+        if (st.open.size() < 1024) st.open.push_back({rec.event, t, bytes});
         break;
       case PERFQ_KIND_END:
         if (st.open.empty()) {
           ++r_.unmatched_ends;
         } else {
-          auto [bev, bt] = st.open.back();
+          const auto [bev, bt, bbytes] = st.open.back();
           st.open.pop_back();
+          if (info(in.source, bev).bytes != EventInfo::Bytes::kNone && t >= bt) {
+            BytesState& b = bytes_[event_key(in.source, bev)];
+            ++b.ranges;
+            b.range_bytes += bbytes;
+            b.range_ns += static_cast<long double>(t - bt);
+          }
           const std::string& child = info(in.source, bev).name;
           pairs_[{in.source, child}].add(t - bt);
           auto [longest, first] = longest_.try_emplace({in.source, child}, t - bt, bt);
           if (!first && t - bt > longest->second.first) longest->second = {t - bt, bt};
           if (!st.open.empty()) {
-            auto& n = nested_[{in.source, info(in.source, st.open.back().first).name, child}];
+            auto& n = nested_[{in.source, info(in.source, st.open.back().event).name, child}];
             ++n.count;
             n.child_ns += static_cast<double>(t - bt);
           }
@@ -586,6 +619,61 @@ class Analyzer : public TraceVisitor {
     s.mean += (static_cast<double>(v) - s.mean) / static_cast<double>(e.count);
   }
 
+  static void byte_call(BytesState& b, uint64_t bytes, int64_t t) {
+    if (b.calls == 0 || bytes < b.min) b.min = bytes;
+    if (b.calls == 0 || bytes > b.max) {
+      b.max = bytes;
+      b.max_at_ns = t;
+    }
+    ++b.calls;
+    b.bytes += bytes;
+  }
+
+  // The PCIe link a source's bytes crossed, as far as the trace knows: a
+  // device's own; for a host's, the one device of that host with link
+  // figures (none when it has several: the record does not say which).
+  const TraceSource* link_of(uint16_t source) const {
+    auto ceiling = [](const TraceSource& s) {
+      return s.kind == TraceSourceKind::kDevice && s.pci && s.pci->pcie && s.pci->pcie->link_current
+                 ? s.pci->pcie->link_current->ceiling_bytes_per_s()
+                 : 0.0;
+    };
+    const TraceSource* src = r_.metadata.find_source(source);
+    if (!src) return nullptr;
+    if (src->kind == TraceSourceKind::kDevice) return ceiling(*src) > 0 ? src : nullptr;
+    const TraceSource* found = nullptr;
+    for (const auto& s : r_.metadata.sources) {
+      if (s.host != src->host || ceiling(s) <= 0) continue;
+      if (found) return nullptr;
+      found = &s;
+    }
+    return found;
+  }
+
+  ReportThroughput throughput(const ReportEvent& e, const BytesState& b, double secs) const {
+    ReportThroughput t;
+    t.calls = b.calls;
+    t.bytes = static_cast<double>(b.bytes);
+    t.min_bytes = b.min;
+    t.max_bytes = b.max;
+    t.max_at_ns = b.max_at_ns;
+    t.bytes_per_call = b.calls ? t.bytes / static_cast<double>(b.calls) : 0;
+    t.bytes_per_s = secs > 0 ? t.bytes / secs : 0;
+    t.ranges = b.ranges;
+    t.range_bytes = static_cast<double>(b.range_bytes);
+    t.range_ns = static_cast<double>(b.range_ns);
+    t.in_range_bytes_per_s = t.range_ns > 0 ? t.range_bytes / (t.range_ns / 1e9) : 0;
+    if (const TraceSource* l = link_of(e.source)) {
+      const PciLink& link = *l->pci->pcie->link_current;
+      t.link_source = l->id;
+      t.link = pci_link_name(link);
+      t.link_bytes_per_s = link.ceiling_bytes_per_s();
+      t.link_share = t.bytes_per_s / t.link_bytes_per_s;
+      t.in_range_link_share = t.in_range_bytes_per_s / t.link_bytes_per_s;
+    }
+    return t;
+  }
+
   // Keeps the kWorstJobs longest jobs (submit to complete).
   void worst_job(const ReportJob& j) {
     if (worst_jobs_.size() < kWorstJobs) {
@@ -609,6 +697,7 @@ class Analyzer : public TraceVisitor {
   std::map<uint32_t, StreamState> streams_;
   std::unordered_map<uint64_t, EvInfo> evinfo_;
   std::map<uint64_t, ReportEvent> events_;
+  std::unordered_map<uint64_t, BytesState> bytes_;  // event_key -> events whose arg is a byte count
   std::map<std::pair<uint16_t, std::string>, LatencyHistogram> pairs_;
   std::map<std::tuple<uint16_t, std::string, std::string>, ReportNested> nested_;
   // The longest range of each name: its duration and when it began.

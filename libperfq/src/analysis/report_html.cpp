@@ -111,6 +111,14 @@ function fmtNs(ns) {
 function fmtCount(n) { return Number(n).toLocaleString('en-US'); }
 function fmtRate(r) { return Number(r).toFixed(1) + ' /s'; }
 function fmtBytesPerS(b) { return (b / 1e9).toFixed(3) + ' GB/s'; }
+// Bytes in decimal units, as link speeds are given (GB = 1e9 bytes).
+function fmtBytes(b) {
+  const a = Math.abs(b);
+  for (const [u, f] of [['TB', 1e12], ['GB', 1e9], ['MB', 1e6], ['kB', 1e3]])
+    if (a >= f) return (b / f).toFixed(3) + ' ' + u;
+  return Math.round(b) + ' B';
+}
+function fmtShare(x) { return (x * 100).toFixed(2) + ' %'; }
 function fmtPpm(p) { return Number(p).toFixed(3) + ' ppm'; }
 // A figure with the JSON path it shows.
 function fig(path, text) { return el('span', {'data-json': path}, text); }
@@ -397,6 +405,60 @@ const PHASES = [['submit_to_start_ns', 'submit \u2192 start'],
                     fig(p + 'mean', fmtNum(e.values.mean)), fig(p + 'max', fmtNum(e.values.max)),
                     fromStart(p + 'max_at_ns', e.values.max_at_ns)];
           }));
+  add(s, 'h3', {}, 'Throughput of the events whose arg is a byte count');
+  const moved = R.events.map((e, i) => [e, i]).filter(([e]) => e.throughput);
+  if (moved.length === 0) {
+    note(s, 'No event of this trace declares its arg a byte count (perfq_event_arg() with ' +
+            'PERFQ_ARG_BYTES, a device\'s PERFQ_DEV_ARG_BYTES).');
+  } else {
+    table(s, ['event', 'source', 'calls', 'bytes', 'per call', 'over the recording',
+              'share of the link', 'within its ranges', 'share of the link', 'link (each direction)'],
+          moved.map(([e, i]) => {
+            const p = 'events.' + i + '.throughput.';
+            const t = e.throughput;
+            const inRange = t.in_range_bytes_per_s > 0;
+            return [e.name, e.source_name, count(p + 'calls', t.calls), fig(p + 'bytes', fmtBytes(t.bytes)),
+                    fig(p + 'bytes_per_call', fmtBytes(t.bytes_per_call)),
+                    fig(p + 'bytes_per_s', fmtBytes(t.bytes_per_s) + '/s'),
+                    t.link ? fig(p + 'link.share', fmtShare(t.link.share)) : '\u2014',
+                    inRange ? fig(p + 'in_range_bytes_per_s', fmtBytes(t.in_range_bytes_per_s) + '/s')
+                            : '\u2014',
+                    t.link && inRange ? fig(p + 'link.in_range_share', fmtShare(t.link.in_range_share))
+                                      : '\u2014',
+                    t.link ? el('span', {}, fig(p + 'link.source_name', t.link.source_name), ' ',
+                                fig(p + 'link.link', t.link.link), ', ',
+                                fig(p + 'link.ceiling_bytes_per_s', fmtBytesPerS(t.link.ceiling_bytes_per_s)))
+                           : 'not known'];
+          }));
+    note(s, 'A call is a begin or an instant: a range\'s bytes are its begin\'s arg. "Within its ' +
+            'ranges": the bytes of the ranges that closed over their summed durations, the rate ' +
+            'while a transfer is in progress.');
+    const links = moved.filter(([e]) => e.throughput.link).map(([e]) => e.throughput.link);
+    for (const [e] of moved) {
+      const l = e.throughput.link;
+      if (l && (l.share > 1 || l.in_range_share > 1))
+        note(s, e.name + ' (' + e.source_name + ') is above its link\'s ceiling: these bytes did ' +
+                'not all cross it in these times (a copy in host memory, or ranges shorter ' +
+                'than the transfers).', 'warn');
+    }
+    chart(s, {
+      type: 'bar',
+      data: {labels: moved.map(([e]) => e.name + ' (' + e.source_name + ')'),
+             datasets: [
+               {label: 'over the recording', data: moved.map(([e]) => e.throughput.bytes_per_s / 1e9),
+                backgroundColor: color(0)},
+               {label: 'within its ranges', data: moved.map(([e]) => e.throughput.in_range_bytes_per_s / 1e9),
+                backgroundColor: color(1)},
+               {label: 'its link\'s ceiling', data: moved.map(([e]) => (e.throughput.link
+                   ? e.throughput.link.ceiling_bytes_per_s / 1e9 : 0)),
+                backgroundColor: color(7) + '80'}]},
+      options: {indexAxis: 'y',
+                scales: {x: {beginAtZero: true, title: {display: true, text: 'GB/s'}}},
+                plugins: {title: {display: true, text: links.length
+                  ? 'bytes per second, against the PCIe link\'s ceiling (each direction)'
+                  : 'bytes per second (no link figures)'}}},
+    }, 'throughput');
+  }
   add(s, 'h3', {}, 'Durations of begin/end pairs');
   table(s, ['range', 'source', 'count', 'p50', 'p99', 'max', 'the longest began at (s from start)'],
         R.durations.map((d, i) => {

@@ -153,6 +153,25 @@ ordered_json events_json(const TraceReport& r) {
                      {"max", e.values.max},
                      {"min_at_ns", e.values.min_at_ns},
                      {"max_at_ns", e.values.max_at_ns}};
+    if (const auto& t = e.throughput) {
+      ordered_json link = nullptr;
+      if (t->link_source)
+        link = {{"source", t->link_source}, {"source_name", source_name(r, t->link_source)},
+                {"link", t->link},          {"ceiling_bytes_per_s", t->link_bytes_per_s},
+                {"share", t->link_share},   {"in_range_share", t->in_range_link_share}};
+      o["throughput"] = {{"calls", t->calls},
+                         {"bytes", t->bytes},
+                         {"bytes_per_call", t->bytes_per_call},
+                         {"min_bytes", t->min_bytes},
+                         {"max_bytes", t->max_bytes},
+                         {"max_at_ns", t->max_at_ns},
+                         {"bytes_per_s", t->bytes_per_s},
+                         {"ranges", t->ranges},
+                         {"range_bytes", t->range_bytes},
+                         {"range_ns", t->range_ns},
+                         {"in_range_bytes_per_s", t->in_range_bytes_per_s},
+                         {"link", link}};
+    }
     events.push_back(o);
   }
   return events;

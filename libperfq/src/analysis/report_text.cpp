@@ -22,6 +22,54 @@ std::string ns_text(int64_t ns) {
   return fmt::format("{} ns", ns);
 }
 
+// Bytes in decimal units, as link speeds are given (GB = 1e9 bytes).
+std::string bytes_text(double b) {
+  const double a = std::fabs(b);
+  if (a >= 1e12) return fmt::format("{:.3f} TB", b / 1e12);
+  if (a >= 1e9) return fmt::format("{:.3f} GB", b / 1e9);
+  if (a >= 1e6) return fmt::format("{:.3f} MB", b / 1e6);
+  if (a >= 1e3) return fmt::format("{:.3f} kB", b / 1e3);
+  return fmt::format("{:.0f} B", b);
+}
+
+// The events whose arg is a byte count: what they moved, how fast, and
+// how much of their PCIe link that is.
+template <class Line>
+void throughput_text(const TraceReport& r, Line& line) {
+  bool any = false;
+  for (const auto& e : r.events) {
+    if (!e.throughput) continue;
+    const ReportThroughput& t = *e.throughput;
+    if (!any) line("throughput (events whose arg is a byte count)");
+    any = true;
+    line(fmt::format("  {:<24} {:<24} {} in {} calls, {} a call (min {}, max {} at {})",
+                     source_name(r, e.source), e.name, bytes_text(t.bytes), t.calls,
+                     bytes_text(t.bytes_per_call), t.min_bytes, t.max_bytes, t.max_at_ns));
+    std::string rates = fmt::format("{}/s over the recording", bytes_text(t.bytes_per_s));
+    if (t.link_source) rates += fmt::format(" ({:.2f}% of the link)", t.link_share * 100);
+    if (t.ranges && t.range_ns > 0) {
+      rates +=
+          fmt::format(", {}/s within its {} ranges", bytes_text(t.in_range_bytes_per_s), t.ranges);
+      if (t.link_source) rates += fmt::format(" ({:.2f}%)", t.in_range_link_share * 100);
+    }
+    line(fmt::format("  {:<24} {}", "", rates));
+    if (t.link_source && (t.link_share > 1 || t.in_range_link_share > 1))
+      line(
+          fmt::format("  {:<24} above the link's ceiling: these bytes did not all cross it in "
+                      "these times (a copy in host memory, or ranges shorter than the transfers)",
+                      ""));
+    const TraceSource* src = r.metadata.find_source(e.source);
+    const bool device = src && src->kind == TraceSourceKind::kDevice;
+    line(t.link_source
+             ? fmt::format("  {:<24} link: {} {}, {}/s each direction", "",
+                           source_name(r, t.link_source), t.link, bytes_text(t.link_bytes_per_s))
+             : fmt::format("  {:<24} link: not known ({})", "",
+                           device ? "the device has no PCIe link figures"
+                                  : "no device of its host has PCIe link figures, or several "
+                                    "do and the record does not say which"));
+  }
+}
+
 std::string dist_text(const LatencyStats& d) {
   if (d.count == 0) return "none";
   return fmt::format("n={} min {} p50 {} p90 {} p99 {} max {}", d.count, ns_text(d.min),
@@ -191,6 +239,7 @@ std::string report_to_text(const TraceReport& r) {
                        e.values.min, e.values.min_at_ns, e.values.mean, e.values.max,
                        e.values.max_at_ns));
   }
+  throughput_text(r, line);
   line("durations (begin/end)");
   for (const auto& p : r.pairs) {
     line(fmt::format("  {:<24} {:<24} {} (the longest at {})", source_name(r, p.source), p.name,

@@ -48,9 +48,13 @@ Status parse_events(const nlohmann::json& arr, size_t max_id, std::vector<EventI
     std::vector<std::string> args;
     if (e.contains("args")) {
       const auto& a = e["args"];
-      if (!a.is_array() || a.size() != 2 || !a[0].is_string() || !a[1].is_string())
-        return Status(Errc::kInvalidArgument, "event args must be two names");
+      if (!a.is_array() || a.empty() || a.size() > 2)
+        return Status(Errc::kInvalidArgument, "event args must be one or two names");
+      if (kind == PERFQ_KIND_COUNTER)
+        return Status(Errc::kInvalidArgument, "a counter's arg is its value: it takes no names");
       for (const auto& n : a) {
+        if (!n.is_string())
+          return Status(Errc::kInvalidArgument, "event arg names must be strings");
         const std::string s = n.get<std::string>();
         if (s.empty() || s.size() > kArgNameMax)
           return Status(Errc::kInvalidArgument,

@@ -48,11 +48,12 @@ inline constexpr size_t kArgNameMax = PERFQ_ARG_NAME_LEN - 1;
 std::string clean_name(const std::string& s, size_t max);
 
 // One event as the "events" arrays carry it: {"id":..,"name":..,"kind":..},
-// and "args":[hi,lo] for an event whose arg packs two 32-bit numbers.
+// and "args":[name] for an event whose one number is named, [hi,lo] for one
+// whose arg packs two 32-bit numbers.
 nlohmann::json event_to_json(const EventInfo& e);
 // An "events" array into *out, with the limits applied (ids 1..max_id,
 // kinds BEGIN..COUNTER, names of 1 to PERFQ_EVENT_NAME_LEN - 1 bytes, no
-// args or two of 1 to kArgNameMax bytes).
+// args or one or two of 1 to kArgNameMax bytes, none for a counter).
 Status parse_events(const nlohmann::json& arr, size_t max_id, std::vector<EventInfo>* out);
 
 // A thread's ring as the application maps it from the daemon's reply to

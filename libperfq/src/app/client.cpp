@@ -120,8 +120,10 @@ class Client {
   void release_ring_locked(ThreadState* t);
   int acquire_ring_locked(ThreadState* t);
   void thread_exit(ThreadState* t);
-  uint32_t register_event(const char* name, int kind, const char* arg_hi = nullptr,
-                          const char* arg_lo = nullptr);
+  // nargs names of the arg (0: one unnamed number, 1: one named number,
+  // 2: two 32-bit numbers, upper half first).
+  uint32_t register_event(const char* name, int kind, const char* const* arg_names = nullptr,
+                          size_t nargs = 0);
   struct perfq_category* category(const char* name);
   int category_enable(const char* name, int enabled);
   int thread_init(const char* name);
@@ -523,26 +525,24 @@ ThreadExitHook::~ThreadExitHook() {
   if (armed && t_state) client().thread_exit(t_state);
 }
 
-uint32_t Client::register_event(const char* name, int kind, const char* arg_hi,
-                                const char* arg_lo) {
+uint32_t Client::register_event(const char* name, int kind, const char* const* arg_names,
+                                size_t nargs) {
   size_t len = 0;
   if (const int err = check_name(name, &len)) return refuse(err, uint32_t{0});
   if (kind < PERFQ_KIND_BEGIN || kind > PERFQ_KIND_COUNTER) return refuse(EINVAL, uint32_t{0});
-  const bool two = arg_hi || arg_lo;
-  size_t hi_len = 0, lo_len = 0;
-  if (two) {
-    // A counter's arg is its value: one number.
-    if (kind == PERFQ_KIND_COUNTER || !arg_hi || !arg_lo) return refuse(EINVAL, uint32_t{0});
-    hi_len = ::strnlen(arg_hi, PERFQ_ARG_NAME_LEN);
-    lo_len = ::strnlen(arg_lo, PERFQ_ARG_NAME_LEN);
-    if (hi_len == 0 || lo_len == 0) return refuse(EINVAL, uint32_t{0});
-    if (hi_len >= PERFQ_ARG_NAME_LEN || lo_len >= PERFQ_ARG_NAME_LEN)
-      return refuse(ENAMETOOLONG, uint32_t{0});
+  size_t arg_len[2] = {0, 0};
+  // A counter's arg is its value: one unnamed number.
+  if (nargs && kind == PERFQ_KIND_COUNTER) return refuse(EINVAL, uint32_t{0});
+  for (size_t i = 0; i < nargs; ++i) {
+    if (!arg_names[i]) return refuse(EINVAL, uint32_t{0});
+    arg_len[i] = ::strnlen(arg_names[i], PERFQ_ARG_NAME_LEN);
+    if (arg_len[i] == 0) return refuse(EINVAL, uint32_t{0});
+    if (arg_len[i] >= PERFQ_ARG_NAME_LEN) return refuse(ENAMETOOLONG, uint32_t{0});
   }
   ensure_started();
   try {
     std::vector<std::string> args;
-    if (two) args = {std::string(arg_hi, hi_len), std::string(arg_lo, lo_len)};
+    for (size_t i = 0; i < nargs; ++i) args.emplace_back(arg_names[i], arg_len[i]);
     std::lock_guard l(mu_);
     const std::string n(name, len);
     if (auto it = by_name_.find(n); it != by_name_.end()) {
@@ -709,10 +709,13 @@ uint32_t perfq_event(const char* name, int kind) {
   return perfq::client().register_event(name, kind);
 }
 
+uint32_t perfq_event_arg(const char* name, int kind, const char* arg) {
+  return perfq::client().register_event(name, kind, &arg, 1);
+}
+
 uint32_t perfq_event2(const char* name, int kind, const char* arg_hi, const char* arg_lo) {
-  // Both NULL would register a one-number event: refused like one NULL.
-  if (!arg_hi && !arg_lo) arg_hi = "";
-  return perfq::client().register_event(name, kind, arg_hi, arg_lo);
+  const char* const args[2] = {arg_hi, arg_lo};
+  return perfq::client().register_event(name, kind, args, 2);
 }
 
 void perfq_begin(uint32_t event, uint64_t arg) { perfq::record(event, PERFQ_KIND_BEGIN, arg); }

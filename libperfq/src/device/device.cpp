@@ -107,12 +107,20 @@ Status publish_dictionary(const Region& region, const std::vector<EventInfo>& ev
       return Status(Errc::kInvalidArgument, "event name '" + e.name + "' must be 1.." +
                                                 std::to_string(PERFQ_EVENT_NAME_LEN - 1) +
                                                 " characters");
-    sdk.push_back({e.event, e.kind, e.name.c_str()});
+    // A one-number arg named "bytes" is the one the region can declare.
+    const bool bytes = e.bytes() == EventInfo::Bytes::kWhole;
+    if (!e.args.empty() && !bytes)
+      return Status(Errc::kInvalidArgument,
+                    "event '" + e.name + "': a device's arg can be named only \"" +
+                        std::string(kArgBytes) + "\" (PERFQ_DEV_ARG_BYTES)");
+    sdk.push_back({e.event, static_cast<uint16_t>(e.kind | (bytes ? PERFQ_DEV_ARG_BYTES : 0u)),
+                   e.name.c_str()});
   }
   if (perfq_dev_dictionary_write(region.base(), &region.header(), sdk.data(),
                                  static_cast<uint32_t>(sdk.size())) != PERFQ_DEV_OK)
     return Status(Errc::kInvalidArgument,
-                  "event dictionary: a name is not printable ASCII or a kind is not valid");
+                  "event dictionary: a name is not printable ASCII, a kind is not valid or a "
+                  "counter's arg is declared a byte count");
   return Status::ok();
 }
 
@@ -140,7 +148,11 @@ Result<std::vector<EventInfo>> read_dictionary(const Region& region) {
     if (e.kind == PERFQ_KIND_INVALID || e.kind > PERFQ_KIND_MAX)
       return Status(Errc::kCorrupt, where + " (" + std::string(name, len) + "): kind " +
                                         std::to_string(e.kind) + " is not valid");
-    out.push_back({e.event, e.kind, std::string(name, len)});
+    // Flags this host does not know are ignored (the ABI's promise).
+    std::vector<std::string> args;
+    if ((e.flags & PERFQ_DICT_ARG_BYTES) && e.kind != PERFQ_KIND_COUNTER)
+      args.emplace_back(kArgBytes);
+    out.push_back({e.event, e.kind, std::string(name, len), std::move(args)});
   }
   return out;
 }

@@ -19,6 +19,8 @@ TraceMetadata synth_metadata(const SynthTraceOptions& o) {
   host.events = {{1, PERFQ_KIND_INSTANT, "job_submit"},  {2, PERFQ_KIND_INSTANT, "job_complete"},
                  {3, PERFQ_KIND_BEGIN, "work"},          {4, PERFQ_KIND_END, "work_done"},
                  {5, PERFQ_KIND_COUNTER, "queue_depth"}, {6, PERFQ_KIND_LOST, "lost"}};
+  if (!o.transfer_bytes.empty())
+    host.events.push_back({7, PERFQ_KIND_BEGIN, "h2d_copy", {std::string(kArgBytes)}});
   TraceSource dev;
   dev.id = 1;
   dev.kind = TraceSourceKind::kDevice;
@@ -36,6 +38,8 @@ TraceMetadata synth_metadata(const SynthTraceOptions& o) {
   dev.events = {{1, PERFQ_KIND_BEGIN, "job_start"},
                 {2, PERFQ_KIND_END, "job_end"},
                 {3, PERFQ_KIND_COUNTER, "dma_bytes"}};
+  if (!o.transfer_bytes.empty())
+    dev.events.push_back({4, PERFQ_KIND_INSTANT, "dma_write", {std::string(kArgBytes)}});
   m.sources = {host, dev};
   return m;
 }
@@ -79,6 +83,12 @@ std::vector<TraceRecord> synth_records(const SynthTraceOptions& o) {
     if (o.work_pairs) {
       add(0, hs, 3, PERFQ_KIND_BEGIN, submit - 600, id);
       add(0, hs, 4, PERFQ_KIND_END, submit - 100, id);
+    }
+    if (!o.transfer_bytes.empty()) {
+      const uint64_t bytes = o.transfer_bytes[i % o.transfer_bytes.size()];
+      add(0, hs, 7, PERFQ_KIND_BEGIN, submit - 90, bytes);
+      add(0, hs, 4, PERFQ_KIND_END, submit - 10, bytes);
+      add(1, ds, 4, PERFQ_KIND_INSTANT, start + 2, bytes);
     }
     add(0, hs, 1, PERFQ_KIND_INSTANT, submit, id);
     add(0, hs, 5, PERFQ_KIND_COUNTER, submit + 1, i % 8);

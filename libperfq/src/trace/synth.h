@@ -4,11 +4,11 @@
 //
 // Sources: 0 = host application "synth-app" (events job_submit,
 // job_complete [INSTANT], work [BEGIN] / work_done [END], queue_depth
-// [COUNTER]), 1 = device "synth-dev" (job_start [BEGIN], job_end [END],
-// dma_bytes [COUNTER]).  Job i is submitted at start_ns + i * period_ns on
-// host stream i % 2 and takes submit_to_start[i % n], start_to_end[i % n],
-// end_to_complete[i % n] (cycling through the lists); the device records it
-// on stream i % 3 with raw times D = H - device_offset_ns.
+// [COUNTER], h2d_copy [BEGIN, bytes]), 1 = device "synth-dev" (job_start
+// [BEGIN], job_end [END], dma_bytes [COUNTER], dma_write [INSTANT, bytes]).  Job i is submitted at
+// start_ns + i * period_ns on host stream i % 2 and takes submit_to_start[i % n], start_to_end[i %
+// n], end_to_complete[i % n] (cycling through the lists); the device records it on stream i % 3
+// with raw times D = H - device_offset_ns.
 #pragma once
 
 #include <cstdint>
@@ -40,6 +40,11 @@ struct SynthTraceOptions {
   uint64_t lost_record_count = 0;
   uint64_t loss_chunk_count = 0;
   bool work_pairs = true;  // a host work begin/end (duration 500 ns) per job
+  // Byte counts (cycled through per job; none when empty): the host copies
+  // them before each submit, an h2d_copy range (event 7, its arg declared
+  // "bytes") from submit - 90 to submit - 10 ns, and the device records a
+  // dma_write instant (event 4, "bytes") of the same count at start + 2.
+  std::vector<uint64_t> transfer_bytes;
   // The device's PCI facts in the metadata (its pci_address and link follow
   // them); none by default.
   std::optional<PciDevice> device_pci;

@@ -658,8 +658,10 @@ TEST_CASE("export perfetto: compressed, the same packets at a fraction of the si
   CHECK_THAT(csv.status().message(), Catch::Contains("csv"));
 }
 
-TEST_CASE("export: an event of two numbers (perfq_event2) shows both under their names",
-          "[export]") {
+TEST_CASE(
+    "export: an event of two numbers (perfq_event2) shows both under their names, one named number "
+    "under its name",
+    "[export]") {
   TempDir dir("export");
   const std::string in = dir.file("two.pq");
   TraceMetadata meta;
@@ -668,12 +670,14 @@ TEST_CASE("export: an event of two numbers (perfq_event2) shows both under their
   app.name = "app";
   app.pid = 4240;
   app.events = {{1, PERFQ_KIND_INSTANT, "copy", {"bytes", "queue"}},
-                {2, PERFQ_KIND_INSTANT, "plain"}};
+                {2, PERFQ_KIND_INSTANT, "plain"},
+                {3, PERFQ_KIND_INSTANT, "dma", {"bytes"}}};
   app.threads = {{0, 4242, "main"}};
   meta.sources = {app};
   TraceBuilder b;
   b.instant(256, 0, 1, 1000, PERFQ_ARG2(4096, 3));
   b.instant(256, 0, 2, 2000, PERFQ_ARG2(4096, 3));
+  b.instant(256, 0, 3, 3000, PERFQ_ARG2(4096, 3));
   b.write(in, meta);
 
   // The dictionary keeps the names through the trace file.
@@ -701,6 +705,9 @@ TEST_CASE("export: an event of two numbers (perfq_event2) shows both under their
   CHECK(args["copy"]["queue"] == 3);
   CHECK_FALSE(args["copy"].contains("arg"));
   CHECK(args["plain"]["arg"] == std::to_string(PERFQ_ARG2(4096, 3)));  // one number
+  // One number with a name (perfq_event_arg): under that name.
+  CHECK(args["dma"]["bytes"] == std::to_string(PERFQ_ARG2(4096, 3)));
+  CHECK_FALSE(args["dma"].contains("arg"));
 
   const PfTrace t = replay(perfetto_decoded(dir, in));
   std::map<std::string, std::map<std::string, std::string>> pf;
@@ -708,6 +715,8 @@ TEST_CASE("export: an event of two numbers (perfq_event2) shows both under their
   CHECK(pf["copy"] == std::map<std::string, std::string>{{"bytes", "4096"}, {"queue", "3"}});
   CHECK(pf["plain"] ==
         std::map<std::string, std::string>{{"arg", std::to_string(PERFQ_ARG2(4096, 3))}});
+  CHECK(pf["dma"] ==
+        std::map<std::string, std::string>{{"bytes", std::to_string(PERFQ_ARG2(4096, 3))}});
 }
 
 TEST_CASE("export ctf: babeltrace2 reads every event with its name and time", "[export]") {

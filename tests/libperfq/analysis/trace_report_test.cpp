@@ -675,3 +675,213 @@ TEST_CASE("report: a range's share of the range around it", "[report]") {
 }
 
 }  // namespace perfq
+
+namespace perfq {
+
+namespace {
+
+// A trace of one host application and devices, built record by record.
+struct ByteTrace {
+  TraceMetadata meta;
+  std::vector<TraceRecord> recs;
+  std::map<uint32_t, uint64_t> index;  // source << 16 | stream -> next index
+  void add(uint16_t source, uint32_t ev, uint16_t kind, int64_t t, uint64_t arg) {
+    TraceRecord r;
+    r.source = source;
+    r.rec.index = index[uint32_t{source} << 16]++;
+    r.rec.event = ev;
+    r.rec.arg = arg;
+    r.time_ns = t;
+    const TraceSource* s = meta.find_source(source);
+    if (s && s->kind == TraceSourceKind::kDevice) {
+      r.rec.flags = PERFQ_FLAGS(kind, PERFQ_CLOCK_DEVICE);
+      r.rec.time = static_cast<uint64_t>(t);
+      r.conv = TraceConversion::kModel;
+      r.claim_ns = 100;
+    } else {
+      r.rec.flags = PERFQ_FLAGS(kind, PERFQ_CLOCK_HOST);
+      r.rec.time = static_cast<uint64_t>(t);
+    }
+    recs.push_back(r);
+  }
+  Result<TraceReport> analyze(const std::string& path) {
+    std::stable_sort(recs.begin(), recs.end(), [](const TraceRecord& a, const TraceRecord& b) {
+      return a.time_ns < b.time_ns;
+    });
+    auto w = TraceWriter::open(path, meta);
+    if (!w) return w.status();
+    if (Status s = w->append_records(recs); !s) return s;
+    if (Status s = w->close(); !s) return s;
+    return analyze_trace(path);
+  }
+};
+
+TraceSource device_with_link(uint16_t id, const std::string& name, std::optional<PciLink> link) {
+  TraceSource d;
+  d.id = id;
+  d.kind = TraceSourceKind::kDevice;
+  d.name = name;
+  d.clock_hz = 1'000'000'000;
+  d.events = {{1, PERFQ_KIND_INSTANT, "dma", {"bytes"}}};
+  if (link) {
+    PciDevice p;
+    p.address = "0000:0" + std::to_string(id) + ":00.0";
+    p.bus = static_cast<uint8_t>(id);
+    p.config_readable = true;
+    PcieInfo e;
+    e.link_max = link;
+    e.link_current = link;
+    p.pcie = e;
+    d.pci = p;
+    d.pci_address = p.address;
+    d.link = pci_link_name(*link);
+  }
+  return d;
+}
+
+const ReportEvent* find_event(const TraceReport& r, uint16_t source, const std::string& name) {
+  for (const auto& e : r.events)
+    if (e.source == source && e.name == name) return &e;
+  return nullptr;
+}
+
+}  // namespace
+
+// Byte counts declared at registration: a range's bytes are its begin's
+// arg (its end's is not counted), an instant's its own, half of a
+// two-number arg where that half is named "bytes"; the rates are over the
+// recording's stated interval (1 ms) and within the ranges, and the share is
+// of the PCIe link of the device (the host's: of its one device with link
+// figures).
+TEST_CASE("report: throughput of the events whose arg is a byte count", "[report][pci]") {
+  TempDir dir("bytes");
+  ByteTrace b;
+  b.meta.options["start_ns"] = "1000000";
+  b.meta.options["stop_ns"] = "2000000";
+  TraceSource app;
+  app.id = 0;
+  app.name = "app";
+  app.events = {{1, PERFQ_KIND_BEGIN, "copy", {"bytes"}},
+                {2, PERFQ_KIND_END, "copy_end"},
+                {3, PERFQ_KIND_INSTANT, "send", {"queue", "bytes"}},
+                {4, PERFQ_KIND_INSTANT, "recv", {"bytes", "queue"}},
+                {5, PERFQ_KIND_INSTANT, "tick"},
+                {6, PERFQ_KIND_INSTANT, "named", {"count"}}};
+  const PciLink gen4x8{16000, 8};
+  b.meta.sources = {app, device_with_link(1, "dev", gen4x8)};
+  for (int64_t i = 0; i < 10; ++i) {
+    const int64_t t = 1'100'000 + i * 50'000;
+    b.add(0, 1, PERFQ_KIND_BEGIN, t, 4096 * static_cast<uint64_t>(i + 1));
+    b.add(0, 2, PERFQ_KIND_END, t + 1'000, 999'999'999);   // not counted
+    b.add(0, 5, PERFQ_KIND_INSTANT, t + 2'000, 1u << 30);  // not a byte count
+    b.add(0, 6, PERFQ_KIND_INSTANT, t + 2'500, 1u << 30);  // named, but not bytes
+  }
+  for (int64_t i = 0; i < 5; ++i) {
+    b.add(0, 3, PERFQ_KIND_INSTANT, 1'200'000 + i * 1'000, uint64_t{7} << 32 | 1000);
+    b.add(0, 4, PERFQ_KIND_INSTANT, 1'200'500 + i * 1'000, uint64_t{3000} << 32 | 9);
+  }
+  for (int64_t i = 0; i < 4; ++i) b.add(1, 1, PERFQ_KIND_INSTANT, 1'300'000 + i * 10, 1u << 20);
+
+  SECTION("one device: the host's events are its link's too") {
+    auto r = b.analyze(dir.file("b.pq"));
+    REQUIRE(r.is_ok());
+    const double ceiling = gen4x8.ceiling_bytes_per_s();
+    const ReportEvent* copy = find_event(*r, 0, "copy");
+    REQUIRE(copy);
+    REQUIRE(copy->throughput);
+    const ReportThroughput& t = *copy->throughput;
+    CHECK(t.calls == 10);
+    CHECK(t.bytes == 4096.0 * 55);
+    CHECK(t.min_bytes == 4096);
+    CHECK(t.max_bytes == 40960);
+    CHECK(t.max_at_ns == 1'100'000 + 9 * 50'000);
+    CHECK(t.bytes_per_call == Approx(4096.0 * 5.5));
+    CHECK(t.bytes_per_s == Approx(4096.0 * 55 / 1e-3));
+    CHECK(t.ranges == 10);
+    CHECK(t.range_ns == 10'000);
+    CHECK(t.in_range_bytes_per_s == Approx(4096.0 * 55 / 10e-6));
+    CHECK(t.link_source == 1);
+    CHECK(t.link == "Gen4 x8");
+    CHECK(t.link_bytes_per_s == Approx(ceiling));
+    CHECK(t.link_share == Approx(4096.0 * 55 / 1e-3 / ceiling));
+    CHECK(t.in_range_link_share == Approx(4096.0 * 55 / 10e-6 / ceiling));
+
+    const ReportEvent* send = find_event(*r, 0, "send");
+    REQUIRE((send && send->throughput));
+    CHECK(send->throughput->bytes == 5000);  // the lower half
+    CHECK(send->throughput->ranges == 0);
+    CHECK(send->throughput->in_range_bytes_per_s == 0);
+    const ReportEvent* recv = find_event(*r, 0, "recv");
+    REQUIRE((recv && recv->throughput));
+    CHECK(recv->throughput->bytes == 15000);  // the upper half
+    for (const char* plain : {"tick", "named"}) {
+      const ReportEvent* e = find_event(*r, 0, plain);
+      REQUIRE(e);
+      CHECK_FALSE(e->throughput);
+    }
+    const ReportEvent* dma = find_event(*r, 1, "dma");
+    REQUIRE((dma && dma->throughput));
+    CHECK(dma->throughput->bytes == 4.0 * (1 << 20));
+    CHECK(dma->throughput->link_source == 1);
+    CHECK(dma->throughput->link_share == Approx(4.0 * (1 << 20) / 1e-3 / ceiling));
+
+    const std::string text = report_to_text(*r);
+    INFO(text);
+    CHECK_THAT(text, Catch::Contains("throughput (events whose arg is a byte count)"));
+    CHECK_THAT(text, Catch::Contains("copy                     225.280 kB in 10 calls, 22.528 kB a "
+                                     "call (min 4096, max 40960 at 1550000)"));
+    CHECK_THAT(text, Catch::Contains("225.280 MB/s over the recording (1.43% of the link), "
+                                     "22.528 GB/s within its 10 ranges (143.00%)"));
+    CHECK_THAT(text, Catch::Contains("link: dev Gen4 x8, 15.754 GB/s each direction"));
+    // 143 %: said, not shown as if it were possible.
+    CHECK_THAT(text, Catch::Contains("above the link's ceiling: these bytes did not all cross it"));
+    const auto j = nlohmann::json::parse(report_to_json(*r));
+    bool in_json = false;
+    for (const auto& e : j["events"]) {
+      if (e["name"] != "copy") {
+        CHECK((e.contains("throughput") ==
+               (e["name"] == "send" || e["name"] == "recv" || e["name"] == "dma")));
+        continue;
+      }
+      in_json = true;
+      CHECK(e["throughput"]["bytes"] == 225280);
+      CHECK(e["throughput"]["calls"] == 10);
+      CHECK(e["throughput"]["link"]["source_name"] == "dev");
+      CHECK(e["throughput"]["link"]["ceiling_bytes_per_s"].get<double>() == Approx(ceiling));
+    }
+    CHECK(in_json);
+  }
+  SECTION("two devices with links: a host event's link is not known, a device's is its own") {
+    b.meta.sources.push_back(device_with_link(2, "dev2", PciLink{8000, 4}));
+    b.add(2, 1, PERFQ_KIND_INSTANT, 1'400'000, 1000);
+    auto r = b.analyze(dir.file("b2.pq"));
+    REQUIRE(r.is_ok());
+    const ReportEvent* copy = find_event(*r, 0, "copy");
+    REQUIRE((copy && copy->throughput));
+    CHECK(copy->throughput->link_source == 0);
+    CHECK(copy->throughput->link_share == 0);
+    const ReportEvent* dma2 = find_event(*r, 2, "dma");
+    REQUIRE((dma2 && dma2->throughput));
+    CHECK(dma2->throughput->link == "Gen3 x4");
+    CHECK(dma2->throughput->link_share ==
+          Approx(1000 / 1e-3 / PciLink{8000, 4}.ceiling_bytes_per_s()));
+    const std::string text = report_to_text(*r);
+    CHECK_THAT(text, Catch::Contains("link: not known (no device of its host has PCIe link "
+                                     "figures, or several do and the record does not say which)"));
+    const auto j = nlohmann::json::parse(report_to_json(*r));
+    for (const auto& e : j["events"])
+      if (e["name"] == "copy") CHECK(e["throughput"]["link"].is_null());
+  }
+  SECTION("a device without link figures") {
+    b.meta.sources[1] = device_with_link(1, "dev", std::nullopt);
+    auto r = b.analyze(dir.file("b3.pq"));
+    REQUIRE(r.is_ok());
+    const ReportEvent* dma = find_event(*r, 1, "dma");
+    REQUIRE((dma && dma->throughput));
+    CHECK(dma->throughput->link_source == 0);
+    CHECK_THAT(report_to_text(*r),
+               Catch::Contains("link: not known (the device has no PCIe link figures)"));
+  }
+}
+
+}  // namespace perfq

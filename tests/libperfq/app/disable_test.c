@@ -22,6 +22,8 @@ int main(void) {
   if (ev == 0) return 2; /* error checks stay quiet */
   const uint32_t two = perfq_event2("two", PERFQ_KIND_INSTANT, "bytes", "queue");
   if (two == 0) return 2;
+  const uint32_t bytes = perfq_event_arg("bytes", PERFQ_KIND_INSTANT, PERFQ_ARG_BYTES);
+  if (bytes == 0) return 2;
   struct perfq_category* cat = perfq_category("cat");
   if (perfq_category_enable("cat", 1) != 0 || perfq_category_enabled(cat)) return 3;
   if (perfq_thread_init("main") == 0 || perfq_wait_connected(1) || perfq_connected()) return 4;
@@ -30,6 +32,7 @@ int main(void) {
     perfq_begin(ev, i);
     perfq_end(ev, i);
     perfq_instant(two, PERFQ_ARG2(i, 7));
+    perfq_instant(bytes, i);
     perfq_counter(ev, i);
     perfq_record_event(ev, PERFQ_KIND_INSTANT, i);
     odd += scoped(ev, cat, i);

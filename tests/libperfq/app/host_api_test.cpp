@@ -672,6 +672,49 @@ TEST_CASE("host api: an event of two numbers brings their names to the daemon", 
   perfq_shutdown();
 }
 
+TEST_CASE("host api: an event whose one number is named (a byte count) brings its name",
+          "[host_api]") {
+  TempDir dir("hostapi");
+  HostApps apps(opts());
+  FakeDaemon daemon(apps, dir.file("d.sock"));
+  REQUIRE(daemon.listen());
+  REQUIRE(perfq_init("one-arg", dir.file("d.sock").c_str()) == 0);
+  REQUIRE(perfq_wait_connected(10000) == 1);
+  perfq_stats before{}, after{};
+  perfq_get_stats(&before);
+
+  const Event copy{"h2d", EventKind::kSpan, PERFQ_ARG_BYTES};
+  REQUIRE(copy);
+  CHECK(perfq_event_arg("h2d", PERFQ_KIND_BEGIN, "bytes") == copy.id());
+  // Another arg name, none, or two: another event.
+  CHECK(Event("h2d", EventKind::kSpan, "count").error() == EEXIST);
+  CHECK(Event("h2d", EventKind::kSpan).error() == EEXIST);
+  CHECK(Event("h2d", EventKind::kSpan, "bytes", "queue").error() == EEXIST);
+  CHECK(Event("c1", EventKind::kCounter, PERFQ_ARG_BYTES).error() == EINVAL);
+  CHECK(Event("c2", EventKind::kInstant, "").error() == EINVAL);
+  errno = 0;
+  CHECK(perfq_event_arg("c3", PERFQ_KIND_INSTANT, nullptr) == 0);
+  CHECK(errno == EINVAL);
+  const std::string longest(PERFQ_ARG_NAME_LEN - 1, 'a');
+  CHECK(Event("c4", EventKind::kInstant, longest.c_str()));
+  CHECK(Event("c5", EventKind::kInstant, (longest + "a").c_str()).error() == ENAMETOOLONG);
+  perfq_get_stats(&after);
+  CHECK(after.errors - before.errors == 7);
+
+  std::thread([&] { Scope s{copy, 65536}; }).join();
+  Collected c;
+  REQUIRE(collect_until(apps, c, [&] { return c.total >= 2; }));
+  const TraceSource* src = c.by_pid(static_cast<uint32_t>(getpid()));
+  REQUIRE(src);
+  const EventInfo* e = src->find_event(copy.id());
+  REQUIRE(e);
+  CHECK(e->args == std::vector<std::string>{"bytes"});
+  CHECK(e->bytes() == EventInfo::Bytes::kWhole);
+  for (const auto& [k, v] : c.streams)
+    for (const auto& rec : v) CHECK(rec.arg == 65536);
+  perfq_shutdown();
+}
+
 // A hand-written application speaking the protocol, badly.
 class RawApp {
  public:
@@ -739,6 +782,20 @@ TEST_CASE("host api: malformed requests get errors and the registry carries on",
     CHECK(a.request(R"({"cmd":"events","events":[{"id":1,"name":"other","kind":3}]})")["ok"] ==
           false);  // id 1 is taken
     CHECK(a.request(R"({"cmd":"events","events":[{"id":2,"name":"two","kind":4}]})")["ok"] == true);
+    // Arg names: one or two strings, none for a counter.
+    for (const char* bad :
+         {R"({"cmd":"events","events":[{"id":3,"name":"a","kind":3,"args":[]}]})",
+          R"({"cmd":"events","events":[{"id":3,"name":"a","kind":3,"args":["a","b","c"]}]})",
+          R"({"cmd":"events","events":[{"id":3,"name":"a","kind":3,"args":[7]}]})",
+          R"({"cmd":"events","events":[{"id":3,"name":"a","kind":3,"args":"bytes"}]})",
+          R"({"cmd":"events","events":[{"id":3,"name":"a","kind":4,"args":["bytes"]}]})"}) {
+      INFO(bad);
+      CHECK(a.request(bad)["ok"] == false);
+    }
+    CHECK(
+        a.request(
+            R"({"cmd":"events","events":[{"id":3,"name":"a","kind":3,"args":["bytes"]}]})")["ok"] ==
+        true);
     int rfd = -1;
     r = a.request(R"({"cmd":"thread","tid":7,"name":"t7"})", &rfd);
     REQUIRE(r["ok"] == true);

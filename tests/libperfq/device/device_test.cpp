@@ -504,6 +504,49 @@ TEST_CASE("dictionary: published by the device, validated by the host", "[device
   CHECK(bad.status().message().find("device dictionary") != std::string::npos);
 }
 
+// A device declares an event's arg a byte count (PERFQ_DEV_ARG_BYTES in the
+// SDK, PERFQ_DICT_ARG_BYTES in the region); the host names it "bytes" and
+// ignores flags it does not know.
+TEST_CASE("dictionary: an event whose arg is a byte count", "[device][hostile]") {
+  TempShm shm("dictbytes");
+  Region region = make_region(shm, 64);
+  const std::vector<EventInfo> ev = {{1, PERFQ_KIND_BEGIN, "dma", {"bytes"}},
+                                     {2, PERFQ_KIND_INSTANT, "tick"}};
+  REQUIRE(publish_dictionary(region, ev).is_ok());
+  auto* entries = reinterpret_cast<perfq_dict_entry*>(region.dict() + 1);
+  CHECK(entries[0].flags == PERFQ_DICT_ARG_BYTES);
+  CHECK(entries[0].kind == PERFQ_KIND_BEGIN);
+  CHECK(entries[1].flags == 0);
+  auto got = read_dictionary(region);
+  REQUIRE(got.is_ok());
+  CHECK(*got == ev);
+
+  // Firmware's way: the SDK's kind bit.
+  const perfq_dev_event sdk[] = {{3, PERFQ_KIND_INSTANT | PERFQ_DEV_ARG_BYTES, "rx"}};
+  REQUIRE(perfq_dev_dictionary_write(region.base(), &region.header(), sdk, 1) == PERFQ_DEV_OK);
+  got = read_dictionary(region);
+  REQUIRE(got.is_ok());
+  REQUIRE(got->size() == 1);
+  CHECK((*got)[0] == EventInfo{3, PERFQ_KIND_INSTANT, "rx", {"bytes"}});
+  // A counter's arg is its value.
+  const perfq_dev_event counter[] = {{4, PERFQ_KIND_COUNTER | PERFQ_DEV_ARG_BYTES, "depth"}};
+  CHECK(perfq_dev_dictionary_write(region.base(), &region.header(), counter, 1) ==
+        PERFQ_DEV_EINVAL);
+  CHECK_FALSE(publish_dictionary(region, {{5, PERFQ_KIND_INSTANT, "x", {"count"}}}).is_ok());
+
+  // A hostile or newer device: unknown flags are ignored, and a counter
+  // flagged as bytes keeps its value unnamed.
+  entries[0].flags = 0xfffe;
+  got = read_dictionary(region);
+  REQUIRE(got.is_ok());
+  CHECK((*got)[0].args.empty());
+  entries[0].kind = PERFQ_KIND_COUNTER;
+  entries[0].flags = PERFQ_DICT_ARG_BYTES;
+  got = read_dictionary(region);
+  REQUIRE(got.is_ok());
+  CHECK((*got)[0].args.empty());
+}
+
 TEST_CASE("drain: invalid records from the device are counted and dropped", "[device][hostile]") {
   TempShm shm("drain-bad");
   Region region = make_region(shm, 64);

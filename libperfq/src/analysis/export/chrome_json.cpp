@@ -165,7 +165,7 @@ class ChromeExport : public TraceVisitor {
     const std::string arg =
         ev.two_args() ? fmt::format("\"{}\":{},\"{}\":{}", json_escape(ev.arg_hi), r.rec.arg >> 32,
                                     json_escape(ev.arg_lo), r.rec.arg & 0xffffffffu)
-                      : fmt::format("\"arg\":\"{}\"", r.rec.arg);
+                      : fmt::format("\"{}\":\"{}\"", json_escape(ev.arg_name), r.rec.arg);
     const std::string args = fmt::format(
         "\"args\":{{\"source\":{},\"stream\":{},\"index\":\"{}\",{},\"raw_time\":\"{}\"}}",
         r.source, r.rec.stream, r.rec.index, arg, r.rec.time);

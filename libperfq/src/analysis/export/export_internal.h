@@ -77,8 +77,9 @@ class Names {
     std::string name;
     JobRole role = kNoRole;
     // The names of the arg's upper and lower 32 bits (EventInfo::args), or
-    // none: the arg is one number.
+    // none: the arg is one number, named arg_name.
     std::string arg_hi, arg_lo;
+    std::string arg_name = "arg";
     bool two_args() const { return !arg_hi.empty(); }
   };
   void set_metadata(const TraceMetadata& m) {
@@ -125,6 +126,8 @@ class Names {
       if (e && e->args.size() == 2 && !e->args[0].empty() && !e->args[1].empty()) {
         it->second.arg_hi = e->args[0];
         it->second.arg_lo = e->args[1];
+      } else if (e && e->args.size() == 1 && !e->args[0].empty()) {
+        it->second.arg_name = e->args[0];
       }
     }
     return it->second;

@@ -558,7 +558,7 @@ class PerfettoExport : public TraceVisitor {
       annotate_uint(tr.seq, te, interned, ev.arg_hi.c_str(), r.rec.arg >> 32);
       annotate_uint(tr.seq, te, interned, ev.arg_lo.c_str(), r.rec.arg & 0xffffffffu);
     } else if (ev.role == kNoRole && r.rec.arg) {
-      annotate_uint(tr.seq, te, interned, "arg", r.rec.arg);
+      annotate_uint(tr.seq, te, interned, ev.arg_name.c_str(), r.rec.arg);
     }
     // A job's end that closes the slice its start began carries no flow:
     // the flow already steps through that slice (on both, Perfetto would
