@@ -185,7 +185,8 @@ struct ReportThroughput {
   // link_source 0 and no shares when there is no such link (none known, or
   // several devices: which one the bytes crossed is not recorded).
   uint16_t link_source = 0;
-  std::string link;  // "Gen4 x8"
+  uint32_t links_known = 0;  // devices with link figures it could be (0, 1 or several)
+  std::string link;          // "Gen4 x8"
   double link_bytes_per_s = 0;
   double link_share = 0;           // bytes_per_s / link_bytes_per_s
   double in_range_link_share = 0;  // in_range_bytes_per_s / link_bytes_per_s

@@ -632,22 +632,27 @@ class Analyzer : public TraceVisitor {
   // The PCIe link a source's bytes crossed, as far as the trace knows: a
   // device's own; for a host's, the one device of that host with link
   // figures (none when it has several: the record does not say which).
-  const TraceSource* link_of(uint16_t source) const {
+  // *known: how many links it could be.
+  const TraceSource* link_of(uint16_t source, uint32_t* known) const {
     auto ceiling = [](const TraceSource& s) {
       return s.kind == TraceSourceKind::kDevice && s.pci && s.pci->pcie && s.pci->pcie->link_current
                  ? s.pci->pcie->link_current->ceiling_bytes_per_s()
                  : 0.0;
     };
+    *known = 0;
     const TraceSource* src = r_.metadata.find_source(source);
     if (!src) return nullptr;
-    if (src->kind == TraceSourceKind::kDevice) return ceiling(*src) > 0 ? src : nullptr;
+    if (src->kind == TraceSourceKind::kDevice) {
+      *known = ceiling(*src) > 0;
+      return *known ? src : nullptr;
+    }
     const TraceSource* found = nullptr;
     for (const auto& s : r_.metadata.sources) {
       if (s.host != src->host || ceiling(s) <= 0) continue;
-      if (found) return nullptr;
+      ++*known;
       found = &s;
     }
-    return found;
+    return *known == 1 ? found : nullptr;
   }
 
   ReportThroughput throughput(const ReportEvent& e, const BytesState& b, double secs) const {
@@ -663,7 +668,7 @@ class Analyzer : public TraceVisitor {
     t.range_bytes = static_cast<double>(b.range_bytes);
     t.range_ns = static_cast<double>(b.range_ns);
     t.in_range_bytes_per_s = t.range_ns > 0 ? t.range_bytes / (t.range_ns / 1e9) : 0;
-    if (const TraceSource* l = link_of(e.source)) {
+    if (const TraceSource* l = link_of(e.source, &t.links_known)) {
       const PciLink& link = *l->pci->pcie->link_current;
       t.link_source = l->id;
       t.link = pci_link_name(link);

@@ -428,7 +428,8 @@ const PHASES = [['submit_to_start_ns', 'submit \u2192 start'],
                     t.link ? el('span', {}, fig(p + 'link.source_name', t.link.source_name), ' ',
                                 fig(p + 'link.link', t.link.link), ', ',
                                 fig(p + 'link.ceiling_bytes_per_s', fmtBytesPerS(t.link.ceiling_bytes_per_s)))
-                           : 'not known'];
+                           : t.links_known > 1 ? 'not known: ' + t.links_known + ' devices have link figures'
+                                               : 'not known: no link figures'];
           }));
     note(s, 'A call is a begin or an instant: a range\'s bytes are its begin\'s arg. "Within its ' +
             'ranges": the bytes of the ranges that closed over their summed durations, the rate ' +

@@ -170,6 +170,7 @@ ordered_json events_json(const TraceReport& r) {
                          {"range_bytes", t->range_bytes},
                          {"range_ns", t->range_ns},
                          {"in_range_bytes_per_s", t->in_range_bytes_per_s},
+                         {"links_known", t->links_known},
                          {"link", link}};
     }
     events.push_back(o);

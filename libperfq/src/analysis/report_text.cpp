@@ -64,9 +64,12 @@ void throughput_text(const TraceReport& r, Line& line) {
              ? fmt::format("  {:<24} link: {} {}, {}/s each direction", "",
                            source_name(r, t.link_source), t.link, bytes_text(t.link_bytes_per_s))
              : fmt::format("  {:<24} link: not known ({})", "",
-                           device ? "the device has no PCIe link figures"
-                                  : "no device of its host has PCIe link figures, or several "
-                                    "do and the record does not say which"));
+                           device          ? "the device has no PCIe link figures"
+                           : t.links_known ? fmt::format("{} devices of its host have link "
+                                                         "figures; the record does not say "
+                                                         "which link the bytes crossed",
+                                                         t.links_known)
+                                           : "no device of its host has PCIe link figures"));
   }
 }
 
