@@ -394,7 +394,7 @@ class Run:
         jobs = r.get("jobs", {})
         self.check(r.get("causality_violations", 1) == 0,
                    f"causality holds for every job: {jobs.get('count')} correlated jobs, "
-                   f"{r.get('causality_violations')} violations")
+                   f"{r.get('causality_violations')} violations{violations_text(r)}")
         if demo and demo.get("completed") and demo.get("host_events", {}).get("connected"):
             self.check(jobs.get("count", 0) == demo["completed"],
                        f"every demo-app job is correlated host<->device: {jobs.get('count')} of "
@@ -632,6 +632,13 @@ def prepare_image(run, args):
     return kernel, initrd, image
 
 
+def violations_text(report):
+    """The first jobs out of order beyond their claims, as the report lists
+    them (times, claims, how each was converted): what a failure needs."""
+    listed = report.get("causality_violation_list") or []
+    return "".join(f"\n      {json.dumps(v)}" for v in listed[:3])
+
+
 def run_systemd(run, args, timeout):
     """Debian 12 booted from a disk image, systemd as PID 1, the --debs
     installed; the same ivshmem region and perfq-devsim as e2e."""
@@ -674,7 +681,8 @@ def run_systemd(run, args, timeout):
               f"every demo-app job is correlated host<->device: {jobs.get('count')} of "
               f"{demo.get('completed')}")
     run.check(r.get("causality_violations", 1) == 0,
-              f"causality holds for every job ({r.get('causality_violations')} violations)")
+              f"causality holds for every job ({r.get('causality_violations')} violations)"
+              f"{violations_text(r)}")
     lost = r.get("lost", {})
     # The counts only: "index_gaps_counted" is a flag (and a bool is an int).
     counts = {k: v for k, v in lost.items()

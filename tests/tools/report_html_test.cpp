@@ -136,7 +136,9 @@ TEST_CASE("report --html: chromium draws every chart, no console error, the JSON
   o.jobs = 2000;
   o.submit_to_start = {1'500, 2'500, 40'000, 3'100};
   o.start_to_end = {9'000, 11'000, 250'000};
-  o.end_to_complete = {800, 1'200, 1'900, 95'000};
+  // The last: a job whose end comes 1 us after its complete, beyond its
+  // claims (a listed causality violation).
+  o.end_to_complete = {800, 1'200, 1'900, 95'000, -1'000};
   o.drop_every = 97;
   o.lost_record_count = 5;
   PciDevice d;
@@ -240,7 +242,7 @@ TEST_CASE("report --html: chromium draws every chart, no console error, the JSON
     // Times shown from the start of the timeline ("0.123456789 s") are
     // absolute in the JSON.
     if ((path.starts_with("jobs.worst.") && !path.ends_with("latency_ns")) ||
-        path.ends_with("_at_ns"))
+        path.ends_with("_at_ns") || path.ends_with(".time_ns"))
       want -= json["timeline"]["start_ns"].get<double>();
     CHECK(std::fabs(shown->value - want) <= shown->tolerance + 1e-9 * std::fabs(want));
   }
@@ -249,7 +251,8 @@ TEST_CASE("report --html: chromium draws every chart, no console error, the JSON
        {"records.total", "lost.device", "duration_ns", "jobs.count", "jobs.submit_to_start_ns.p50",
         "jobs.start_to_end_ns.p99", "jobs.end_to_complete_ns.max", "jobs.worst.0.corr_id",
         "jobs.worst.0.submit_ns", "sync.devices.0.uncertainty_ns", "sync.devices.0.device_ahead_ns",
-        "sources.1.pci.pcie.link_current.ceiling_bytes_per_s", "timeline.sync.0.rounds"}) {
+        "sources.1.pci.pcie.link_current.ceiling_bytes_per_s", "timeline.sync.0.rounds",
+        "causality_violation_list.0.beyond_ns", "causality_violation_list.0.end.time_ns"}) {
     INFO(must);
     CHECK(paths.count(must) == 1);
   }

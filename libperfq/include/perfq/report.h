@@ -306,6 +306,20 @@ struct ReportTimeline {
   std::vector<TimelineSync> sync;
 };
 
+// A job proven out of causal order: its four host times, what each claims
+// (0 for a host time, kClaimUnbounded for none) and how it was converted,
+// and the step that broke the order (0: submit > start, 1: start > end,
+// 2: end > complete) by how much beyond the two claims.
+struct ReportViolation {
+  uint64_t corr_id = 0;
+  int64_t t[4] = {};
+  uint32_t claim[4] = {};
+  TraceConversion conv[4] = {};
+  int step = 0;
+  int64_t beyond_ns = 0;
+};
+inline constexpr size_t kViolationsListed = 10;
+
 struct TraceReport {
   std::string path;
   TraceMetadata metadata;
@@ -343,6 +357,7 @@ struct TraceReport {
   // Complete jobs not submit <= start <= end <= complete by more than the
   // times' claims (the sync bounds) allow: a proven violation.
   uint64_t causality_violations = 0;
+  std::vector<ReportViolation> violation_list;  // the first kViolationsListed of them
   // Out of that order, but within the claims (or with a time that has no
   // claim): what the clocks' uncertainty allows, not proof of a bug.
   uint64_t causality_within_bounds = 0;

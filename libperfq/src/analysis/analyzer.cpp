@@ -82,6 +82,7 @@ struct Job {
   // What each time vouches for: 0 for a host time (the clock itself),
   // the conversion's claim for a device time, kClaimUnbounded for none.
   uint32_t claim[4] = {};
+  TraceConversion conv[4] = {};
   uint8_t mask = 0;
   uint32_t tid = 0;           // the submitting thread, 0 if unknown
   int64_t off_at_submit = 0;  // its off-CPU total at the submit
@@ -436,7 +437,7 @@ class Analyzer : public TraceVisitor {
     }
     if (sched_) sched_event(in, t);
     if (role != kNoRole)
-      job(role, rec.arg, t, in.conv == TraceConversion::kNone ? 0 : in.claim_ns, in.source,
+      job(role, rec.arg, t, in.conv == TraceConversion::kNone ? 0 : in.claim_ns, in.conv, in.source,
           rec.stream);
   }
 
@@ -549,24 +550,38 @@ class Analyzer : public TraceVisitor {
   // proven: reversed by more than the two times' claims add up to (a
   // reversal within them is what the clocks' uncertainty allows; with no
   // claim nothing is proven).
-  void check_order(const Job& j) {
-    bool reversed = false, proven = false;
+  void check_order(uint64_t id, const Job& j) {
+    bool reversed = false;
+    std::optional<ReportViolation> proven;
     for (int i = 0; i < 3; ++i) {
       if (j.t[i] <= j.t[i + 1]) continue;
       reversed = true;
       if (j.claim[i] == kClaimUnbounded || j.claim[i + 1] == kClaimUnbounded) continue;
-      proven |= j.t[i] - j.t[i + 1] > int64_t{j.claim[i]} + int64_t{j.claim[i + 1]};
+      const int64_t beyond = j.t[i] - j.t[i + 1] - int64_t{j.claim[i]} - int64_t{j.claim[i + 1]};
+      if (beyond > 0 && !proven) {
+        proven.emplace();
+        proven->corr_id = id;
+        std::copy(std::begin(j.t), std::end(j.t), proven->t);
+        std::copy(std::begin(j.claim), std::end(j.claim), proven->claim);
+        std::copy(std::begin(j.conv), std::end(j.conv), proven->conv);
+        proven->step = i;
+        proven->beyond_ns = beyond;
+      }
     }
-    if (proven)
+    if (proven) {
       ++r_.causality_violations;
-    else if (reversed)
+      if (r_.violation_list.size() < kViolationsListed) r_.violation_list.push_back(*proven);
+    } else if (reversed) {
       ++r_.causality_within_bounds;
+    }
   }
 
-  void job(JobRole role, uint64_t id, int64_t t, uint32_t claim, uint16_t source, uint16_t stream) {
+  void job(JobRole role, uint64_t id, int64_t t, uint32_t claim, TraceConversion conv,
+           uint16_t source, uint16_t stream) {
     Job& j = jobs_[id];
     j.t[role] = t;
     j.claim[role] = claim;
+    j.conv[role] = conv;
     j.mask |= static_cast<uint8_t>(1u << role);
     if (role == 0 && sched_) {
       auto it = tid_of_.find(stream_key(source, stream));
@@ -600,7 +615,7 @@ class Analyzer : public TraceVisitor {
     lat_[0].add(j.t[1] - j.t[0]);
     lat_[1].add(j.t[2] - j.t[1]);
     lat_[2].add(j.t[3] - j.t[2]);
-    check_order(j);
+    check_order(id, j);
     jobs_.erase(id);
   }
 

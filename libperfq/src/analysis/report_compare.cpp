@@ -33,10 +33,17 @@ std::string element_key(const ordered_json& e, size_t i) {
 // Numeric leaves by path; big series (the timeline, histogram bins, the
 // sources' PCI facts, the worst lists: outliers, not figures) left out.
 void flatten(const ordered_json& j, const std::string& path, std::map<std::string, double>& out) {
-  static const std::set<std::string> kSkip = {
-      "timeline",          "histograms",    "sources", "worst",
-      "segment_list",      "first_ns",      "last_ns", "recording_start_ns",
-      "recording_stop_ns", "schema_version"};
+  static const std::set<std::string> kSkip = {"timeline",
+                                              "histograms",
+                                              "sources",
+                                              "worst",
+                                              "segment_list",
+                                              "first_ns",
+                                              "last_ns",
+                                              "recording_start_ns",
+                                              "recording_stop_ns",
+                                              "schema_version",
+                                              "causality_violation_list"};
   if (j.is_number()) {
     out[path] = j.get<double>();
   } else if (j.is_object()) {

@@ -297,6 +297,22 @@ const PHASES = [['submit_to_start_ns', 'submit \u2192 start'],
                     at('submit_ns'), at('start_ns'), at('end_ns'), at('complete_ns')];
           }));
   }
+  if (R.causality_violation_list.length) {
+    add(s, 'h3', {}, 'Jobs out of causal order beyond their times\' claims');
+    add(s, 'p', {class: 'warn'}, count('causality_violations', R.causality_violations),
+        ' jobs are out of order by more than the sync bounds allow: a claim was false. The first:');
+    table(s, ['correlation id', 'order broken', 'beyond the claims', 'submit', 'start', 'end',
+              'complete'],
+          R.causality_violation_list.map((v, i) => {
+            const p = 'causality_violation_list.' + i + '.';
+            const at = (k) => el('span', {}, fig(p + k + '.time_ns',
+                                                 ((v[k].time_ns - R.timeline.start_ns) / 1e9).toFixed(9) + ' s'),
+                                 ' (' + (v[k].claim_ns === null ? 'no bound' : '\u00b1' + v[k].claim_ns + ' ns') +
+                                 ', ' + v[k].converted_by + ')');
+            return [fig(p + 'corr_id', String(v.corr_id)), v.step, ns(p + 'beyond_ns', v.beyond_ns),
+                    at('submit'), at('start'), at('end'), at('complete')];
+          }));
+  }
   add(s, 'h3', {}, 'Off-CPU time of the submitting thread');
   if (!R.off_cpu) {
     note(s, 'The trace has no scheduler events of the submitting threads (record with ' +

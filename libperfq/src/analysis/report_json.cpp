@@ -327,6 +327,22 @@ std::string report_to_json(const TraceReport& r) {
   j["jobs"] = jobs_json(r.jobs);
   if (r.jobs.off_cpu.available) j["off_cpu"] = off_cpu_json(r.jobs.off_cpu);
   j["causality_violations"] = r.causality_violations;
+  {
+    static constexpr const char* kTimes[] = {"submit", "start", "end", "complete"};
+    ordered_json list = ordered_json::array();
+    for (const auto& v : r.violation_list) {
+      ordered_json o = {{"corr_id", v.corr_id},
+                        {"step", fmt::format("{} > {}", kTimes[v.step], kTimes[v.step + 1])},
+                        {"beyond_ns", v.beyond_ns}};
+      for (int k = 0; k < 4; ++k)
+        o[kTimes[k]] = {
+            {"time_ns", v.t[k]},
+            {"claim_ns", v.claim[k] == kClaimUnbounded ? ordered_json() : ordered_json(v.claim[k])},
+            {"converted_by", trace_conversion_name(v.conv[k])}};
+      list.push_back(o);
+    }
+    j["causality_violation_list"] = list;
+  }
   j["causality_within_bounds"] = r.causality_within_bounds;
   j["timeline"] = timeline_json(r);
   return j.dump(2, ' ', false, ordered_json::error_handler_t::replace) + "\n";

@@ -258,6 +258,19 @@ std::string report_to_text(const TraceReport& r) {
                        ? fmt::format(" ({} more out of order within their sync bounds)",
                                      r.causality_within_bounds)
                        : std::string()));
+  static constexpr const char* kTimes[] = {"submit", "start", "end", "complete"};
+  for (const auto& v : r.violation_list) {
+    std::string times;
+    for (int k = 0; k < 4; ++k) {
+      times += fmt::format("{}{} {}", k ? ", " : "", kTimes[k], v.t[k]);
+      if (v.conv[k] != TraceConversion::kNone)
+        times += v.claim[k] == kClaimUnbounded
+                     ? fmt::format(" (no bound, {})", trace_conversion_name(v.conv[k]))
+                     : fmt::format(" (+-{} ns, {})", v.claim[k], trace_conversion_name(v.conv[k]));
+    }
+    line(fmt::format("  job {:#x}: {} > {} by {} ns beyond the claims: {}", v.corr_id,
+                     kTimes[v.step], kTimes[v.step + 1], v.beyond_ns, times));
+  }
   return o;
 }
 

@@ -140,6 +140,19 @@ TEST_CASE("report: figures of a trace with known timings", "[report]") {
   CHECK(r.jobs.end_to_complete.p99 == 900);
   CHECK(r.causality_violations == 25);
   CHECK(r.causality_within_bounds == 0);
+  // The first ten, each with its times, claims and conversions: job 3's end
+  // is 1000 ns after its complete, 800 beyond the end's 200 ns claim.
+  REQUIRE(r.violation_list.size() == kViolationsListed);
+  const ReportViolation& v = r.violation_list[0];
+  CHECK(v.corr_id == 1003);
+  CHECK(v.step == 2);
+  CHECK(v.beyond_ns == 800);
+  CHECK(v.t[2] - v.t[3] == 1000);
+  CHECK(v.claim[2] == 200);
+  CHECK(v.claim[3] == 0);
+  CHECK(v.conv[2] == TraceConversion::kModel);
+  CHECK(v.conv[3] == TraceConversion::kNone);
+  CHECK(r.violation_list[9].corr_id == 1039);
 
   REQUIRE(r.sync.size() == 1);
   CHECK(r.sync[0].name == "synth-dev");
@@ -172,13 +185,21 @@ TEST_CASE("report: figures of a trace with known timings", "[report]") {
     CHECK(j["jobs"]["end_to_complete_ns"]["p50"] == 500);
     CHECK(j["jobs"]["end_to_complete_ns"]["p99"] == 900);
     CHECK(j["causality_violations"] == 25);
+    const auto& v0 = j["causality_violation_list"][0];
+    CHECK(v0["corr_id"] == 1003);
+    CHECK(v0["step"] == "end > complete");
+    CHECK(v0["beyond_ns"] == 800);
+    CHECK(v0["end"]["claim_ns"] == 200);
+    CHECK(v0["end"]["converted_by"] == "daemon");
+    CHECK(v0["complete"]["converted_by"] == "none");
     CHECK(j["duration_ns"] == r.duration_ns);
     CHECK(j["complete"] == true);
   }
   SECTION("the text names every section") {
     std::string t = report_to_text(r);
     for (const char* s : {"duration", "records", "lost", "sync", "events", "durations", "jobs",
-                          "submit->start", "causality violations  25"}) {
+                          "submit->start", "causality violations  25",
+                          "job 0x3eb: end > complete by 800 ns beyond the claims: submit "}) {
       CHECK_THAT(t, Catch::Contains(s));
     }
   }
