@@ -125,6 +125,9 @@ fi
 
 # The symbols file: what libperfq.so.0 exports, compared at the strictest
 # level (a new symbol is a failure too: add it to debian/libperfq0.symbols).
+# An -O file that exists already would be the basis of the comparison
+# instead of debian/libperfq0.symbols (dpkg-gensymbols(1)): the last run's.
+rm -f "$OUT/libperfq0.symbols"
 if (cd "$src" && dpkg-gensymbols -plibperfq0 -Pdebian/libperfq0 -v"$version" -c4 \
       -O"$OUT/libperfq0.symbols") >"$OUT/symbols.diff" 2>&1; then
   result PASS deb-symbols "libperfq.so.0 exports the $(grep -c '^ ' "$OUT/libperfq0.symbols") symbols of debian/libperfq0.symbols"

@@ -13,7 +13,9 @@ namespace perfq {
 // The arg name that declares a byte count (perfq_event_arg() with
 // PERFQ_ARG_BYTES, either name of perfq_event2(), a device's
 // PERFQ_DEV_ARG_BYTES): the report gives such an event's throughput.
-inline constexpr std::string_view kArgBytes = "bytes";
+// (constexpr, not inline: a constant of each program, not a symbol of the
+// library's ABI.)
+constexpr std::string_view kArgBytes = "bytes";
 
 struct EventInfo {
   uint32_t event = 0;
