@@ -125,6 +125,10 @@ if command -v perfqctl >/dev/null; then
     as member perfqctl start -o "$TRACE" --device /dev/perfq0
   check "the daemon made 5 sync rounds before the jobs" wait_for 60 rounds_at_least 5
 
+  # What the application's host clock can be built on (libperfq reads the
+  # TSC only where it is invariant and the kernel's clocksource).
+  info "clock: clocksource $(cat /sys/devices/system/clocksource/clocksource0/current_clocksource)," \
+    "cpu flags: $(grep -o -w -e constant_tsc -e nonstop_tsc /proc/cpuinfo | sort -u | tr '\n' ' ')"
   # The workload: the demo app, as member (it opens /dev/perfq0 through the
   # group), submits jobs to the software device on the host.
   as member perfq-demo-app --device /dev/perfq0 --jobs "${PERFQ_JOBS:-1000}" --threads 2 \
