@@ -1214,6 +1214,30 @@ void perfq_sync_line_to_abi(const struct perfq_sync_line *m, struct perfq_sync_m
 
 /* ---- The robust fit ----------------------------------------------- */
 
+/* perfq_sync_fit.misfit: over the PERFQ_SYNC_MISFIT_POINTS inliers nearest
+ * to x = 0, the largest |r| - u (uses the scratch field tmp). */
+static double misfit_near(struct perfq_sync_pt *p, uint32_t n)
+{
+	double worst = 0;
+	uint32_t k, i;
+
+	for (i = 0; i < n; i++)
+		p[i].tmp = 0; /* 1: taken */
+	for (k = 0; k < PERFQ_SYNC_MISFIT_POINTS; k++) {
+		uint32_t best = n;
+
+		for (i = 0; i < n; i++)
+			if (p[i].in && p[i].tmp == 0 &&
+			    (best == n || fabs_d(p[i].x) < fabs_d(p[best].x)))
+				best = i;
+		if (best == n)
+			break;
+		p[best].tmp = 1;
+		worst = max_d(worst, fabs_d(p[best].r) - p[best].u);
+	}
+	return worst;
+}
+
 void perfq_sync_robust_fit(struct perfq_sync_pt *p, uint32_t n, double prior_var,
 			   const struct perfq_sync_config *cfg, struct perfq_sync_fit *f)
 {
@@ -1284,6 +1308,7 @@ void perfq_sync_robust_fit(struct perfq_sync_pt *p, uint32_t n, double prior_var
 		if (!changed)
 			break;
 	}
+	f->misfit = misfit_near(p, n);
 }
 
 struct perfq_sync_pt perfq_sync_make_pt(const struct perfq_sync_obs *o, uint64_t d_o, uint64_t h_o,
@@ -1315,7 +1340,7 @@ void perfq_sync_knot_from(const struct perfq_sync_fit *f, const struct perfq_syn
 	m->host_ref = add_ns(o->host_ns, fl);
 	m->host_frac = f->a - fl;
 	m->ns_per_tick = s0 + f->c;
-	m->uncertainty_ns = 3 * sqrt_d(var0 + off2);
+	m->uncertainty_ns = 3 * sqrt_d(var0 + off2) + f->misfit;
 	m->rate_sigma_ppb = sqrt_d(f->var_c + bias2) * E9;
 	m->valid_from_device = valid_from;
 	m->segment = segment;

@@ -515,9 +515,18 @@ struct perfq_sync_pt {
 	double r, tmp; /* scratch */
 	uint8_t in, next;
 };
+/* misfit: how far the line is, at the very least, from the clocks near its
+ * reference (x = 0): the largest excess of a residual over its own
+ * observation's uncertainty, among the PERFQ_SYNC_MISFIT_POINTS inliers
+ * nearest to it.  Clocks whose relation is not a line (a host clock that
+ * NTP slews, a device oscillator that wanders) leave residuals their
+ * brackets do not explain; averaging them as noise would claim a bound the
+ * line does not keep, so the knot's uncertainty adds it. */
+#define PERFQ_SYNC_MISFIT_POINTS 8u
 struct perfq_sync_fit {
 	double a, c, xbar, var_ybar, var_c, bias_c2, sigma;
 	uint32_t inliers;
+	double misfit;
 };
 void perfq_sync_robust_fit(struct perfq_sync_pt *p, uint32_t n, double prior_var,
 			   const struct perfq_sync_config *cfg, struct perfq_sync_fit *out);

@@ -31,7 +31,8 @@ ClockModel knot_from(const FitOut& f, const SyncObservation& o, long double s0, 
                           static_cast<double>(f.var_c),
                           static_cast<double>(f.bias_c2),
                           f.sigma,
-                          static_cast<uint32_t>(f.inliers)};
+                          static_cast<uint32_t>(f.inliers),
+                          f.misfit};
   const perfq_sync_obs co = to_c(o);
   perfq_sync_line m;
   perfq_sync_knot_from(&cf, &co, static_cast<double>(s0), segment, valid_from, prior_measured, &m);
