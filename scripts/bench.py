@@ -13,8 +13,12 @@ Runs, in one go and so against baselines of the same run:
     interference with a compute-bound worker, and the CPU time of a sync
     round.
 Writes one JSON array: per figure {name, value, unit, baseline,
-baseline_name, ratio, target, met, note}; value is null and note gives the
-reason for a figure that was skipped.  --quick shortens every run (a smoke
+baseline_name, ratio, target, met, note, runs, spread}; value is null and
+note gives the reason for a figure that was skipped.  The ratios of the
+record calls to their bare rings (record_ns, device_record_ns) come from
+interleaved runs, measured then baseline, each its own process (ABAB...):
+ratio is the median of the per-pair ratios, spread their [min, max], runs
+each pair's {value, baseline, ratio}; runs and spread are null elsewhere.  --quick shortens every run (a smoke
 test of the machinery; its figures mean little).
 """
 import argparse
@@ -67,6 +71,37 @@ def gbench(exe, reps, min_time, extra=(), env=None):
 
 def ns_per_item(run):
     return 1e9 / run["items_per_second"] if run and run.get("items_per_second") else None
+
+
+def paired(exe, measured, baseline, pairs, reps, min_time):
+    """Interleaved runs, ABAB...: `pairs` times the benchmark `measured`,
+    then `baseline`, each in a process of its own (median of `reps`).  A
+    machine that slows down for a while then slows both sides of a pair
+    alike, where one run of each, minutes apart, gave 1.19x and 2.37x.
+    Returns each pair's {value, baseline, ratio}."""
+    runs = []
+    for _ in range(pairs):
+        a = ns_per_item(gbench(exe, reps, min_time,
+                               [f"--benchmark_filter=^{measured}$"]).get(measured))
+        b = ns_per_item(gbench(exe, reps, min_time,
+                               [f"--benchmark_filter=^{baseline}$"]).get(baseline))
+        if a and b:
+            runs.append({"value": a, "baseline": b, "ratio": a / b})
+    if not runs:
+        raise RuntimeError(f"{os.path.basename(exe)}: no pair of {measured} and {baseline} ran")
+    return runs
+
+
+def paired_fig(name, runs, unit, baseline_name, target, limit, note=None):
+    """A figure of paired runs: the medians, the median of the ratios and
+    their spread."""
+    ratios = [r["ratio"] for r in runs]
+    ratio = median(ratios)
+    f = fig(name, median([r["value"] for r in runs]), unit, median([r["baseline"] for r in runs]),
+            baseline_name, target, ratio <= limit, note, ratio=ratio)
+    f["runs"] = runs
+    f["spread"] = [min(ratios), max(ratios)]
+    return f
 
 
 # ---------------------------------------------------------------- LTTng
@@ -408,7 +443,7 @@ def fig(name, value, unit, baseline=None, baseline_name=None, target=None, met=N
         ratio = value / baseline
     return {"name": name, "value": value, "unit": unit, "baseline": baseline,
             "baseline_name": baseline_name, "ratio": ratio, "target": target, "met": met,
-            "note": note}
+            "note": note, "runs": None, "spread": None}
 
 
 def guarded(name, fn, skipped):
@@ -461,8 +496,18 @@ def main():
                              (hc.get("label") or "clock ?") + "), against clock_gettime"))
         figs.append(fig("lttng_ust_ns", lt_ns, "ns/event",
                         note=lt_note or "baseline: LTTng-UST tracepoint, active session"))
-        figs.append(fig("record_ns", rec, "ns/event", bare, "bare_ring_rdtsc_ns", "<= 1.5x",
-                        rec is not None and bare is not None and rec <= 1.5 * bare))
+        pairs = 2 if QUICK else 5
+        host_pairs = guarded("host pairs", lambda: paired(
+            f"{BIN}/perfq_host_bench", "BM_perfq_instant", "BM_bare_push_rdtsc", pairs, reps,
+            min_time), skipped)
+        if host_pairs:
+            figs.append(paired_fig("record_ns", host_pairs, "ns/event", "bare_ring_rdtsc_ns",
+                                   "<= 1.5x", 1.5,
+                                   f"median of {len(host_pairs)} interleaved pairs"))
+        else:
+            figs.append(fig("record_ns", rec, "ns/event", bare, "bare_ring_rdtsc_ns", "<= 1.5x",
+                            rec is not None and bare is not None and rec <= 1.5 * bare,
+                            skipped.get("host pairs")))
         figs.append(fig("record_ns_vs_lttng", rec, "ns/event", lt_ns, "lttng_ust_ns", "<= 0.2x",
                         (rec <= 0.2 * lt_ns) if rec and lt_ns else None, lt_note))
         pi = host.get("BM_perfq_instant") or {}
@@ -477,8 +522,17 @@ def main():
                         if lt_run else lt_note))
         dbare = ns_per_item(dev.get("BM_bare_push_rdtsc"))
         drec = ns_per_item(dev.get("BM_device_record"))
-        figs.append(fig("device_record_ns", drec, "ns/event", dbare, "bare_ring_rdtsc_ns", "<= 1.5x",
-                        drec is not None and dbare is not None and drec <= 1.5 * dbare))
+        dev_pairs = guarded("device pairs", lambda: paired(
+            f"{BIN}/perfq_device_bench", "BM_device_record", "BM_bare_push_rdtsc", pairs, reps,
+            min_time), skipped)
+        if dev_pairs:
+            figs.append(paired_fig("device_record_ns", dev_pairs, "ns/event", "bare_ring_rdtsc_ns",
+                                   "<= 1.5x", 1.5,
+                                   f"median of {len(dev_pairs)} interleaved pairs"))
+        else:
+            figs.append(fig("device_record_ns", drec, "ns/event", dbare, "bare_ring_rdtsc_ns",
+                            "<= 1.5x", drec is not None and dbare is not None and drec <= 1.5 * dbare,
+                            skipped.get("device pairs")))
         figs.append(fig("device_record_ns_vs_lttng", drec, "ns/event", lt_ns, "lttng_ust_ns",
                         "<= 0.2x", (drec <= 0.2 * lt_ns) if drec and lt_ns else None, lt_note))
         dr = dev.get("BM_device_record_1M/iterations:1") or {}
@@ -561,6 +615,10 @@ def main():
     for g in figs:
         if g["note"]:
             print(f"  {g['name']}: {g['note']}")
+        if g["spread"]:
+            print(f"  {g['name']}: ratio {g['ratio']:.3g} (spread {g['spread'][0]:.3g}-"
+                  f"{g['spread'][1]:.3g}), pairs " +
+                  ", ".join(f"{r['value']:.3g}/{r['baseline']:.3g}" for r in g["runs"]))
     print(f"\nwrote {out}")
     if a.check:
         written = {g["name"]: g for g in json.load(open(out))}
