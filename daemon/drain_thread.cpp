@@ -195,7 +195,10 @@ long DeviceDrainThread::poll_once(DeviceDrain& drain, std::vector<perfq_record>&
   admit(drain, out, fresh);
   frontier_.clear();
   for (size_t i = fresh; i < out.size(); ++i) frontier_.note(out[i].rec.stream, out[i].time_ns);
-  if (conv_.waiting() > kRoundOnDemand) sync_.want_round();
+  if (conv_.waiting() > kRoundOnDemand)
+    sync_.want_round();
+  else if (conv_.waiting() > 0)
+    sync_.records_waiting();
   show_counts(drain, batch.size());
   const bool caught_up = *n < std::min(kDrainBatch, room);
   rec_.merger().push(input_, out, bound_after_poll(caught_up, t0, model.get()));  // also: alive

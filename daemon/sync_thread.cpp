@@ -4,6 +4,8 @@
 
 #include <spdlog/spdlog.h>
 #include <algorithm>
+#include <cmath>
+#include <optional>
 
 #include "device/timer.h"
 #include "sync/sync.h"
@@ -28,6 +30,8 @@ DeviceSyncThread::DeviceSyncThread(Recording& rec, uint16_t source, DeviceTransp
 
 void DeviceSyncThread::start(const RecordingOptions& o) {
   opts_ = o;
+  base_ms_.store(std::max(1u, o.sync_interval_ms), std::memory_order_relaxed);
+  interval_ms_.store(std::max(1u, o.sync_interval_ms), std::memory_order_relaxed);
   HostSyncOptions so;
   so.mode = o.sync_mode;
   so.keep_rounds = 1;  // each round goes to the trace at once
@@ -68,6 +72,16 @@ std::shared_ptr<const ConversionModel> DeviceSyncThread::model() const {
 void DeviceSyncThread::want_round() {
   if (want_round_.exchange(true, std::memory_order_relaxed)) return;
   std::lock_guard lock(wake_mu_);
+  wake_.notify_all();
+}
+
+void DeviceSyncThread::records_waiting() {
+  if (records_waited_.load(std::memory_order_relaxed)) return;
+  records_waited_.store(true, std::memory_order_relaxed);
+  // At the configured interval the round comes in time anyway.
+  if (interval_ms_.load(std::memory_order_relaxed) <= base_ms_.load(std::memory_order_relaxed))
+    return;
+  std::lock_guard lock(wake_mu_);  // the waiter reads the flag under it
   wake_.notify_all();
 }
 
@@ -131,38 +145,95 @@ void DeviceSyncThread::failed_round(const Status& s) {
 // 100 ms, and learns the drift sooner), for at most kMaxFastRounds, then
 // settle to the configured interval.  Records always wait for the round
 // after them (OnlineConverter).
-uint32_t DeviceSyncThread::next_interval() {
+//
+// Then, as chrony lengthens its polling interval while its estimate holds:
+// while no device record waited for a round and the model predicted
+// kQuietRounds rounds in a row within half of what it claimed there
+// (`predicted`), the interval doubles, as long as the model stays settled
+// over an interval and a half of the longer one, up to max_idle_interval().
+// Records waiting, a round the model did not predict (a step, wander, a
+// loose or failed round) bring it back to the configured interval at once.
+// An idle device costs a round every half second instead of ten a second;
+// what records there are get their rounds as before.
+uint32_t DeviceSyncThread::next_interval(bool predicted) {
   const HostSync& sync = *sync_;
+  const uint32_t base = base_ms_.load(std::memory_order_relaxed);
   bool fast = sync.gate().taken() < kMinModelRounds;
   if (!fast && fast_rounds_ < kMaxFastRounds && sync.sync().has_model()) {
     // Settled as far as records reach between rounds (and a half).
-    fast = !sync.sync().current().settled_over(1.5e6 * opts_.sync_interval_ms);
+    fast = !sync.sync().current().settled_over(1.5e6 * base);
   }
-  if (fast) ++fast_rounds_;
-  return fast ? std::min<uint32_t>(opts_.sync_interval_ms, kWarmupIntervalMs)
-              : opts_.sync_interval_ms;
+  const bool waited = records_waited_.exchange(false, std::memory_order_relaxed);
+  uint32_t interval = std::max(interval_ms_.load(std::memory_order_relaxed), base);
+  if (fast) {
+    ++fast_rounds_;
+    quiet_rounds_ = 0;
+    interval = std::min<uint32_t>(base, kWarmupIntervalMs);
+  } else if (waited || !predicted || !sync.sync().has_model()) {
+    quiet_rounds_ = 0;
+    interval = base;
+  } else if (++quiet_rounds_ >= kQuietRounds) {
+    quiet_rounds_ = 0;
+    const uint32_t longer = std::min(interval * 2, max_idle_interval());
+    if (longer > interval && sync.sync().current().settled_over(1.5e6 * longer)) interval = longer;
+  }
+  interval_ms_.store(interval, std::memory_order_relaxed);
+  return interval;
+}
+
+uint32_t DeviceSyncThread::max_idle_interval() const {
+  const uint32_t base = base_ms_.load(std::memory_order_relaxed);
+  return std::max(base, std::min(base * kIdleFactor, kMaxIdleIntervalMs));
+}
+
+namespace {
+
+// The round's observation lies within half of what the model before it
+// claimed there (its extrapolation's claim and the round's own bound).
+bool predicted_by(const ClockModel& before, const RoundResult& r) {
+  if (r.verdict != ClockSync::Verdict::kAccepted) return false;
+  const SyncObservation& o = r.observation;
+  const double err =
+      std::abs(static_cast<double>(time_diff(o.host_ns, before.to_host(o.device_time))));
+  return err <= 0.5 * (before.claim_at(o.device_time) + o.uncertainty_ns);
+}
+
+}  // namespace
+
+void DeviceSyncThread::wait_next_round(std::chrono::steady_clock::time_point from,
+                                       uint32_t interval) {
+  // Many records waiting for a round after them (a high rate): the next
+  // round comes as soon as kMinRoundGapMs allows, not a whole interval
+  // later, so what waits stays bounded in memory.
+  const auto gap = std::chrono::milliseconds(std::min<uint32_t>(interval, kMinRoundGapMs));
+  if (wait_stop_for(gap)) return;
+  const auto base =
+      std::chrono::milliseconds(std::min(interval, base_ms_.load(std::memory_order_relaxed)));
+  std::unique_lock lock(wake_mu_);
+  while (!stop_ && !want_round_.load(std::memory_order_relaxed)) {
+    const auto until = from + (records_waited_.load(std::memory_order_relaxed)
+                                   ? base
+                                   : std::chrono::milliseconds(interval));
+    if (std::chrono::steady_clock::now() >= until) break;
+    wake_.wait_until(lock, until);
+  }
 }
 
 void DeviceSyncThread::run() {
   while (!stopping()) {
     if (dev_.gone() || device_ended_()) break;  // nothing left to synchronize
+    std::optional<ClockModel> before;
+    if (sync_->sync().has_model()) before = sync_->sync().current();
     auto r = sync_->round();
+    bool predicted = false;
     if (r) {
       took_round(*r);
+      predicted = before && predicted_by(*before, *r);
     } else {
       if (device_ended_()) break;  // the device stopped during the round
       failed_round(r.status());
     }
-    const uint32_t interval = next_interval();
-    // Many records waiting for a round after them (a high rate): the next
-    // round comes as soon as kMinRoundGapMs allows, not a whole interval
-    // later, so what waits stays bounded in memory.
-    const auto gap = std::chrono::milliseconds(std::min<uint32_t>(interval, kMinRoundGapMs));
-    if (!wait_stop_for(gap)) {
-      std::unique_lock lock(wake_mu_);
-      wake_.wait_for(lock, std::chrono::milliseconds(interval) - gap,
-                     [this] { return stop_ || want_round_.load(std::memory_order_relaxed); });
-    }
+    wait_next_round(std::chrono::steady_clock::now(), next_interval(predicted));
     want_round_.store(false, std::memory_order_relaxed);
   }
   done_ = true;
@@ -201,6 +272,7 @@ json DeviceSyncThread::status() const {
     sync["rate_implausible"] = standing_.rate_implausible;
     sync["last_round_ago_ms"] = static_cast<double>(now_ns() - last_round_ns_) / 1e6;
   }
+  sync["interval_ms"] = interval_ms_.load(std::memory_order_relaxed);
   if (!last_error_.empty()) sync["last_error"] = last_error_;
   return sync;
 }

@@ -2,7 +2,9 @@
 // "Time synchronization").
 //
 // A sync round every sync interval (HostSync: bracketed reads of the timer
-// register R, the clock model), faster while the model is young; each
+// register R, the clock model), faster while the model is young, slower
+// while the device records nothing and the model predicts each round well
+// (next_interval()); each
 // round's samples and model go to the trace through the writer's side
 // queue, and the model the device's drain converts with (ConversionModel)
 // is replaced after every round the model took in.  The drain asks for a
@@ -48,6 +50,10 @@ class DeviceSyncThread {
   // The drain holds many records waiting for a round after them: the next
   // round comes as soon as kMinRoundGapMs allows.
   void want_round();
+  // Device records wait for a round after them (the drain's converter): the
+  // next round comes at the configured interval, not a lengthened one.
+  // Cheap enough for every poll.
+  void records_waiting();
   // After the thread ended: rounds of the drain's own, for about a second at
   // most, until `covers` accepts the drain's model.  False if the thread
   // did not end in time or no round covered.
@@ -59,6 +65,14 @@ class DeviceSyncThread {
   static constexpr uint32_t kWarmupIntervalMs = 10;
   static constexpr uint32_t kMinRoundGapMs = 10;
   static constexpr uint32_t kMaxFastRounds = 300;  // 3 s of 10 ms rounds at most
+  // While nothing waits for a round, a settled model that predicted
+  // kQuietRounds rounds in a row well doubles the interval, up to
+  // kIdleFactor x the configured one and kMaxIdleIntervalMs (below the
+  // converter's stale-model limit, so a record that comes then never finds
+  // a model too old to wait for).
+  static constexpr uint32_t kQuietRounds = 4;
+  static constexpr uint32_t kIdleFactor = 8;
+  static constexpr uint32_t kMaxIdleIntervalMs = 500;
 
  private:
   void run();
@@ -66,7 +80,11 @@ class DeviceSyncThread {
   void failed_round(const perfq::Status& s);
   // The round just taken: its samples and model to the trace, the drain's model.
   void trace_round(const perfq::RoundResult& r);
-  uint32_t next_interval();
+  uint32_t next_interval(bool predicted);
+  uint32_t max_idle_interval() const;
+  // Until `interval` after `from`, the configured interval once records
+  // wait, a want_round() or a stop.
+  void wait_next_round(std::chrono::steady_clock::time_point from, uint32_t interval);
   bool wait_stop_for(std::chrono::nanoseconds d);
   bool stopping() const;
 
@@ -79,7 +97,11 @@ class DeviceSyncThread {
   std::thread thread_;
   std::atomic<bool> done_{false};
   std::atomic<bool> want_round_{false};
-  uint32_t fast_rounds_ = 0;  // rounds taken at the warm-up interval
+  std::atomic<bool> records_waited_{false};  // since the last next_interval()
+  std::atomic<uint32_t> base_ms_{0};         // the configured interval (opts_)
+  std::atomic<uint32_t> interval_ms_{0};     // the interval in force
+  uint32_t fast_rounds_ = 0;                 // rounds taken at the warm-up interval
+  uint32_t quiet_rounds_ = 0;  // predicted well, nothing waiting, since the last change
 
   mutable std::mutex wake_mu_;
   std::condition_variable wake_;

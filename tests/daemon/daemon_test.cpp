@@ -2012,6 +2012,124 @@ TEST_CASE("daemon: device times around a clock step lie within their claims",
   CHECK(loose < ticks / 50);
 }
 
+// An idle device costs few rounds: while it records nothing the interval
+// lengthens (up to 8 x the configured one); once it records, its records
+// get rounds at the configured interval again, and their times are as true
+// as their claims say.
+TEST_CASE("daemon: sync rounds slow down while a device records nothing, and speed up for records",
+          "[daemon][process][sync]") {
+  TempDir dir("daemon-idle-sync");
+  TempShm shm("daemon-idle-sync");
+  const std::string trace = dir.file("idle.trace");
+  const double idle_s = 6 * kSlow;
+  Child dev({kBin + "/perfq-devsim",
+             "--region",
+             shm.path(),
+             "--create",
+             "--truth",
+             "--workers",
+             "1",
+             "--rate",
+             "5000",
+             "--job-workers",
+             "0",
+             "--clock-offset-ns",
+             "987654321",
+             "--clock-drift-ppm",
+             "-20",
+             "--wait-host",
+             "--start-after",
+             std::to_string(idle_s),
+             "--duration",
+             std::to_string(3 * kSlow)});
+  REQUIRE(dev.started());
+  REQUIRE(wait_for([&] { return dev.err().find("running on") != std::string::npos; },
+                   std::chrono::seconds(static_cast<int>(10 * kSlow))));
+  Daemon d(dir);
+  REQUIRE(
+      ctl(d, {"start", "-o", trace, "--device", "shm:" + shm.path(), "--sync-interval-ms", "50"})
+          ->exit_code() == 0);
+  const auto device_status = [&] {
+    auto s = ctl(d, {"status", "--json"});
+    if (s->exit_code() != 0) return json();
+    const json j = json::parse(s->out());
+    return j["recording"]["devices"].empty() ? json() : j["recording"]["devices"][0];
+  };
+  uint64_t idle_interval = 0, idle_rounds = 0;
+  const auto t0 = std::chrono::steady_clock::now();
+  REQUIRE(wait_for(
+      [&] {
+        const json dj = device_status();
+        if (dj.is_null() || dj["records"].get<uint64_t>() != 0) return false;
+        idle_interval = dj["sync"]["interval_ms"].get<uint64_t>();
+        idle_rounds = dj["sync"]["rounds"].get<uint64_t>();
+        return idle_interval > 50;
+      },
+      std::chrono::seconds(static_cast<int>(idle_s - 1))));
+  INFO(
+      "idle: every " << idle_interval << " ms after " << idle_rounds << " rounds in "
+                     << std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count()
+                     << " s");
+  CHECK(idle_interval <= 400);
+  // The device records: its records wait for rounds, which come every 50 ms
+  // again (from the round after the first records) for as long as it does.
+  uint64_t busy_interval = 0;
+  CHECK(wait_for(
+      [&] {
+        const json dj = device_status();
+        if (dj.is_null() || dj["records"].get<uint64_t>() < 1000) return false;
+        busy_interval = dj["sync"]["interval_ms"].get<uint64_t>();
+        return busy_interval == 50;
+      },
+      std::chrono::seconds(static_cast<int>(idle_s + 2 * kSlow))));
+  std::vector<std::pair<uint64_t, uint64_t>> samples;  // records, interval_ms
+  while (dev.running()) {
+    const json dj = device_status();
+    if (!dj.is_null())
+      samples.emplace_back(dj["records"].get<uint64_t>(),
+                           dj["sync"]["interval_ms"].get<uint64_t>());
+  }
+  // A sample after which records still came was taken while they came.
+  size_t flowing = 0, longer = 0;
+  for (size_t i = 0; i + 1 < samples.size(); ++i)
+    if (samples[i + 1].first > samples[i].first) {
+      ++flowing;
+      if (samples[i].second != 50) ++longer;
+    }
+  INFO("while recording: every " << busy_interval << " ms; " << longer << " of " << flowing
+                                 << " looks while records came found a longer interval");
+  CHECK(flowing >= 5);
+  CHECK(longer == 0);
+  REQUIRE(dev.wait(std::chrono::seconds(static_cast<int>(60 * kSlow))));
+  auto stop = ctl(d, {"stop", "--json"});
+  INFO("stop: " << stop->out() << "\ndaemon: " << d.proc->err());
+  REQUIRE(stop->exit_code() == 0);
+  bool clean = false;
+  TraceContent t = read_trace(trace, &clean);
+  REQUIRE(clean);
+  constexpr double kTruthSlackNs = 200;  // devsim reads the truth beside the device's clock
+  uint64_t ticks = 0, beyond = 0, unclaimed = 0, forced = 0;
+  double worst = 0;
+  for (const auto& r : t.records) {
+    if (r.source == 0 || t.event_name(r) != "tick") continue;
+    ++ticks;
+    if (r.conv == TraceConversion::kNone) ++unclaimed;
+    // Forced (rounds a loaded machine kept loose, past the wait's limit):
+    // honest still, with the claim of the model there was or none.
+    if (r.conv == TraceConversion::kForced) ++forced;
+    const double e = std::fabs(static_cast<double>(r.time_ns - static_cast<int64_t>(r.rec.arg)));
+    if (r.claim_ns != kClaimUnbounded && e > r.claim_ns + kTruthSlackNs) {
+      ++beyond;
+      worst = std::max(worst, e);
+    }
+  }
+  INFO("ticks " << ticks << ", beyond their claims " << beyond << " (worst " << worst
+                << " ns), unconverted " << unclaimed << ", forced " << forced);
+  CHECK(ticks > 5000);
+  CHECK(beyond == 0);
+  CHECK(unclaimed == 0);
+}
+
 // One region, one consumer: a second daemon, a start naming the device
 // twice, or perfqctl record beside a recording are refused, naming the
 // holder; the claim dies with its holder, however it dies.

@@ -65,6 +65,7 @@ struct Options {
   uint64_t timer_offset = 0;
   bool truth = false;
   bool wait_host = false;
+  double start_after = 0;
   uint64_t job_bytes = 0;
   std::string name = "perfq-devsim";
 };
@@ -234,18 +235,25 @@ struct Ending {
 };
 
 // Waits for a stop signal or the end of --duration (with --wait-host, from
-// the host's first sync round: a host that records, and then sets go).
+// the host's first sync round: a host that records, and then sets go;
+// --start-after later than that, or than the start).
 Ending wait_for_stop(const Options& o, const sigset_t& sigs, const Region& r,
                      const TimerServer& timer, uint64_t t_start, std::atomic<bool>& go) {
   Ending end;
-  end.t_go = o.wait_host ? 0 : t_start;
+  const uint64_t after_ns = static_cast<uint64_t>(o.start_after * 1e9);
+  uint64_t ready = o.wait_host ? 0 : t_start;
+  end.t_go = go.load(std::memory_order_relaxed) ? t_start : 0;
   for (;;) {
     // The timer server has answered a read: a sync round was open (the
     // window itself may open and close between two looks).
-    if (!end.t_go && (timer.served() > 0 || round_open(r))) {
+    if (!ready && (timer.served() > 0 || round_open(r))) {
+      ready = monotonic_ns();
+      std::fprintf(stderr, "perfq-devsim: the host is recording\n");
+    }
+    if (!end.t_go && ready && monotonic_ns() - ready >= after_ns) {
       end.t_go = monotonic_ns();
       go.store(true, std::memory_order_release);
-      std::fprintf(stderr, "perfq-devsim: the host is recording; synthetic workers start\n");
+      std::fprintf(stderr, "perfq-devsim: synthetic workers start\n");
     }
     timespec ts{0, end.t_go ? 100'000'000 : 1'000'000};
     end.sig = sigtimedwait(&sigs, nullptr, &ts);
@@ -318,7 +326,8 @@ int run(const Options& o) {
 
   const sigset_t sigs = block_stop_signals();
   const Streams streams = make_streams(o, job_workers, clock);
-  std::atomic<bool> stop_workers{false}, stop_device{false}, stop_timer{false}, go{!o.wait_host};
+  std::atomic<bool> stop_workers{false}, stop_device{false}, stop_timer{false},
+      go{!o.wait_host && o.start_after <= 0};
   std::atomic<uint64_t> jobs_done{0};
   DeviceCollector collector(r, streams.raw, clock);
   TimerServer timer(r, clock);
@@ -424,6 +433,10 @@ int main(int argc, char** argv) {
                "Synthetic workers start when the host opens its first sync round (a recording "
                "started), as a device whose tracing the host turns on; --duration counts from "
                "then. Without it they start at once and fill the ring before anyone drains it");
+  app.add_option("--start-after", o.start_after,
+                 "Synthetic and job workers start S seconds later (after the host's first sync "
+                 "round with --wait-host): a device idle at first; --duration counts from then")
+      ->check(CLI::NonNegativeNumber);
   CLI11_PARSE(app, argc, argv);
   if (o.step_at.size() != o.step_ns.size()) {
     std::fprintf(stderr,

@@ -350,11 +350,11 @@ int run_status(const Common& o) {
       if (sy.value("synchronized", false))
         std::printf(
             "    sync mode %s: %s, +-%.0f ns, %llu rounds "
-            "(%llu failed), last %.0f ms ago\n",
+            "(%llu failed), last %.0f ms ago, every %llu ms\n",
             sy.value("mode", "?").c_str(), sy.value("standing", "?").c_str(),
             dbl(sy, "uncertainty_ns"), static_cast<unsigned long long>(u64(sy, "rounds")),
-            static_cast<unsigned long long>(u64(sy, "failed_rounds")),
-            dbl(sy, "last_round_ago_ms"));
+            static_cast<unsigned long long>(u64(sy, "failed_rounds")), dbl(sy, "last_round_ago_ms"),
+            static_cast<unsigned long long>(u64(sy, "interval_ms")));
       else
         std::printf("    sync: not synchronized yet%s\n",
                     sy.contains("last_error")
