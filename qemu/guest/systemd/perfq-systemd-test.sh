@@ -155,8 +155,27 @@ if command -v perfqctl >/dev/null; then
   # syscall filter) and records the scheduler events of a --pid process.
   sh -c 'while :; do sleep 0.01; done' &
   busy=$!
-  as member perfqctl start -o /var/tmp/perfq-run/kev.trace --kernel-events sched --pid "$busy" \
-    --duration 2 >/tmp/kev.txt 2>&1
+  # Bounded: once in many runs on 6.1 this step never returned (the run's
+  # 600 s limit ended it with nothing to show); a hang now fails here and
+  # sends back what the daemon was doing.
+  timeout 120 runuser -u member -- perfqctl start -o /var/tmp/perfq-run/kev.trace \
+    --kernel-events sched --pid "$busy" --duration 2 >/tmp/kev.txt 2>&1
+  kev_rc=$?
+  if [ "$kev_rc" -eq 124 ]; then
+    fail "perfqctl start --kernel-events --duration 2 did not return in 120 s"
+    show hung-status timeout 10 perfqctl status
+    dpid=$(systemctl show -p MainPID --value perfq-daemon)
+    for t in /proc/"$dpid"/task/*; do
+      echo "== $(cat "$t"/comm 2>/dev/null) $(basename "$t") wchan=$(cat "$t"/wchan 2>/dev/null)"
+      cat "$t"/stack 2>/dev/null
+    done >/tmp/hung-stacks.txt 2>&1
+    sed 's/^/info: hung daemon| /' /tmp/hung-stacks.txt
+    ps -eo pid,stat,wchan:32,etime,args | grep -E 'perfq|PID' | sed 's/^/info: hung ps| /'
+    journalctl -u perfq-daemon --no-pager -o cat >/tmp/hung-journal.txt 2>&1
+    send_file /tmp/hung-journal.txt hung-journal.txt
+    send_file /tmp/hung-stacks.txt hung-stacks.txt
+    show hung-stop timeout 30 perfqctl stop
+  fi
   kill "$busy"
   sed 's/^/info: kernel events| /' /tmp/kev.txt
   check "kernel events recorded under the sandbox (sched of pid $busy)" sh -c \
