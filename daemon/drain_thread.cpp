@@ -199,19 +199,24 @@ long DeviceDrainThread::poll_once(DeviceDrain& drain, std::vector<perfq_record>&
     sync_.want_round();
   else if (conv_.waiting() > 0)
     sync_.records_waiting();
-  show_counts(drain, batch.size());
+  show_counts(drain);
   const bool caught_up = *n < std::min(kDrainBatch, room);
   rec_.merger().push(input_, out, bound_after_poll(caught_up, t0, model.get()));  // also: alive
   return static_cast<long>(*n);
 }
 
-// The drain's counters, for status(): `read` more records read.
-void DeviceDrainThread::show_counts(const DeviceDrain& drain, size_t read) {
+// The drain's counters, for status().  Records: those the recording took
+// (admit()), as the trace and the report count them: not the device's LOST
+// records (counts, not records) nor what it published before the start.
+void DeviceDrainThread::show_counts(const DeviceDrain& drain) {
   std::lock_guard lock(mu_);
-  records_ += read;
   accounts_ = drain.streams();
+  records_ = 0;
   lost_ = dropped_no_clock_;
-  for (const auto& [id, a] : accounts_) lost_ += stream_lost(a);
+  for (const auto& [id, a] : accounts_) {
+    records_ += a.received;
+    lost_ += stream_lost(a);
+  }
   invalid_ = drain.invalid();
   before_start_shown_ = before_start_;
   unconverted_ = conv_.waiting();
@@ -343,7 +348,7 @@ void DeviceDrainThread::finish(DeviceDrain& drain, std::vector<TraceRecord>& out
   const size_t left = conv_.finish(last_model.get(), out);
   admit(drain, out, 0);
   rec_.merger().push(input_, out, INT64_MIN);
-  show_counts(drain, 0);  // what the last conversions took (LOST records among them)
+  show_counts(drain);  // what the last conversions took (LOST records among them)
   if (left) {
     const std::string why = sync_.last_error();
     std::lock_guard lock(mu_);

@@ -66,7 +66,7 @@ class DeviceDrainThread {
   void drain_out(perfq::DeviceDrain& drain, std::vector<perfq_record>& batch,
                  std::vector<perfq::TraceRecord>& out);
   void finish(perfq::DeviceDrain& drain, std::vector<perfq::TraceRecord>& out);
-  void show_counts(const perfq::DeviceDrain& drain, size_t read);
+  void show_counts(const perfq::DeviceDrain& drain);
   void admit(perfq::DeviceDrain& drain, std::vector<perfq::TraceRecord>& out, size_t from);
   // since_ns: when the state began (0: now); an early end is noted in the trace.
   void set_state(const std::string& state, const std::string& error, int64_t since_ns = 0);

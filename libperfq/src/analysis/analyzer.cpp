@@ -359,6 +359,16 @@ class Analyzer : public TraceVisitor {
     }
     first_ = std::min(first_, t);
     last_ = std::max(last_, t);
+    if (in.kind() == PERFQ_KIND_LOST) {
+      // A count of records lost, not a record: neither in the record counts
+      // nor an event of its own, and its index (the stream's next) is no
+      // record's (the next record shows the gap it reports).
+      StreamState& st = stream(in.source, rec.stream);
+      st.stat.reported_lost += rec.arg;
+      st.reported.note(t, rec.index);
+      timeline_.add_lost(in.source, rec.stream, t, rec.arg);
+      return;
+    }
     if (is_device(in.source)) {
       ++r_.records_device;
       claim(in);
@@ -401,11 +411,6 @@ class Analyzer : public TraceVisitor {
     }
 
     switch (in.kind()) {
-      case PERFQ_KIND_LOST:
-        st.stat.reported_lost += rec.arg;
-        st.reported.note(t, rec.index);
-        timeline_.add_lost(in.source, rec.stream, t, rec.arg);
-        break;
       case PERFQ_KIND_BEGIN:
         if (st.open.size() < 1024) st.open.push_back({rec.event, t, bytes});
         break;
