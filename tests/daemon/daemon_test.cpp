@@ -624,6 +624,58 @@ TEST_CASE(
   CHECK(count.records == emitted - dropped);
 }
 
+// Applications publish their ring's tail once per chunk (perfq_abi.h,
+// "Chunks"); what a quiet thread wrote past it reaches the recording within
+// a pass or two of the collector anyway, while the thread lives, not only
+// when it ends or at the stop.
+TEST_CASE("daemon: a quiet thread's partly filled chunk reaches the recording while it lives",
+          "[daemon][process]") {
+  const int n = GENERATE(5, 64 * 3 + 7);
+  INFO(n << " records");
+  TempDir dir("daemon-quiet");
+  const std::string trace = dir.file("quiet.trace");
+  Daemon d(dir);
+  REQUIRE(ctl(d, {"start", "-o", trace})->exit_code() == 0);
+  Child app({kBin + "/perfq_test_app", d.socket, "quiet", "1", std::to_string(n)});
+  REQUIRE(app.started());
+  REQUIRE(wait_for([&] { return app.out().find("recorded") != std::string::npos; },
+                   std::chrono::seconds(static_cast<int>(30 * kSlow))));
+  const auto printed = std::chrono::steady_clock::now();
+  const json ajs = json::parse(app.out());
+  REQUIRE(ajs["recorded"].get<int>() == n);
+  uint64_t seen = 0;
+  const bool all = wait_for(
+      [&] {
+        auto st = ctl(d, {"status", "--json"});
+        if (st->exit_code() != 0) return false;
+        seen = 0;
+        const json j = json::parse(st->out());
+        for (const auto& h : j["app_streams"])
+          if (h["pid"].get<int>() == ajs["pid"].get<int>()) seen += h["records"].get<uint64_t>();
+        return seen == static_cast<uint64_t>(n);
+      },
+      std::chrono::seconds(static_cast<int>(10 * kSlow)));
+  const double after_ms =
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - printed).count();
+  INFO("the daemon had " << seen << " of them " << after_ms
+                         << " ms after the app printed its count");
+  CHECK(all);
+  CHECK(app.running());  // taken while the thread lived, not at its end
+  app.signal(SIGKILL);
+  REQUIRE(app.wait(std::chrono::seconds(10)));
+  auto stop = ctl(d, {"stop", "--json"});
+  REQUIRE(stop->exit_code() == 0);
+  bool clean = false;
+  TraceContent t = read_trace(trace, &clean);
+  CHECK(clean);
+  std::vector<uint64_t> args;
+  for (const auto& r : t.records)
+    if (t.event_name(r) == "tick") args.push_back(r.rec.arg);
+  std::sort(args.begin(), args.end());
+  REQUIRE(args.size() == static_cast<size_t>(n));
+  for (size_t i = 0; i < args.size(); ++i) CHECK(args[i] == i);
+}
+
 TEST_CASE("daemon: applications that start early, exit mid-recording or are killed",
           "[daemon][process]") {
   TempDir dir("daemon-apps");

@@ -9,6 +9,9 @@
  * MODE:
  *   record    wait for the daemon (10 s), N events per thread, print stats, exit 0
  *   kill      as record, then print stats and wait forever (to be killed)
+ *   quiet     wait for the daemon, N events on the main thread, print stats,
+ *             and wait forever with the thread alive and its ring kept (to be
+ *             killed): a partly filled chunk that nothing completes
  *   midexit   wait for the daemon, threads record without end; exit(0) from
  *             main once N events were recorded in all
  *   early     threads record "early" events until connected (dropped), print
@@ -150,13 +153,18 @@ int main(int argc, char** argv) {
 	if (!g_tick || !g_early) return 2;
 	const int wait = strcmp(g_mode, "record") == 0 || strcmp(g_mode, "kill") == 0 ||
 			 strcmp(g_mode, "midexit") == 0 || strcmp(g_mode, "fork") == 0 ||
-			 strcmp(g_mode, "scopes") == 0;
+			 strcmp(g_mode, "scopes") == 0 || strcmp(g_mode, "quiet") == 0;
 	if (wait && !perfq_wait_connected(10000)) {
 		fprintf(stderr, "perfq_test_app: no daemon at %s\n", argv[1]);
 		return 3;
 	}
 	if (strcmp(g_mode, "scopes") == 0)
 		return scopes();
+	if (strcmp(g_mode, "quiet") == 0) {
+		for (uint64_t i = 0; i < g_n; ++i) perfq_instant(g_tick, i);
+		print_stats(g_n, now_ms() - start);
+		for (;;) pause();
+	}
 	if (strcmp(g_mode, "fork") == 0) {
 		uint64_t i;
 		for (i = 0; i < g_n; ++i) perfq_instant(g_tick, i);

@@ -3,8 +3,11 @@
  *
  * An instrumented application records events into one shared-memory ring
  * per thread that perfq-daemon drains.  Recording an event is a 32-byte
- * store and a release of the ring's tail: no lock, no system call, no
- * allocation, no wait.  A full ring refuses the record and counts it lost.
+ * store and a release of the thread's position: no lock, no system call, no
+ * allocation, no wait.  The ring's tail is published once per chunk of 64
+ * records, so the daemon never reads the cache lines a busy thread is
+ * writing; a quiet thread's last records reach the daemon within its poll
+ * (2-10 ms) anyway.  A full ring refuses the record and counts it lost.
  *
  *   uint32_t submit = perfq_event("job_submit", PERFQ_KIND_INSTANT);
  *   ...

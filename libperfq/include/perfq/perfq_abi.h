@@ -366,7 +366,15 @@ struct perfq_spsc_header {
 	perfq_u32 version; /* PERFQ_ABI_VERSION */
 	perfq_u32 element_size;
 	perfq_u64 capacity; /* elements, a power of two */
-	perfq_u64 reserved0[5];
+	perfq_u64 reserved0[4];
+	/* Producer-owned, optional (0: not kept).  A producer that publishes in
+	 * chunks (the host application rings) stores here, with release, its
+	 * position after every element it writes; `tail` trails it by less
+	 * than a chunk.  Elements below `written` are complete: a consumer may
+	 * read up to it when the tail has stood still (a quiet producer), or
+	 * for good (the producer gone).  On its own cache line: the consumer
+	 * reads it only then. */
+	perfq_u64 written;
 	perfq_u64 tail; /* producer-owned */
 	perfq_u64 lost; /* producer-owned: pushes refused because the ring was full */
 	perfq_u8 pad0[PERFQ_CACHELINE - 16];
@@ -501,6 +509,7 @@ PERFQ_CHECK_OFFSET(perfq_dict_entry, name, 16);
 PERFQ_CHECK_SIZE(perfq_dict_header, 64);
 
 PERFQ_CHECK_SIZE(perfq_spsc_header, 192);
+PERFQ_CHECK_OFFSET(perfq_spsc_header, written, 56);
 PERFQ_CHECK_OFFSET(perfq_spsc_header, tail, 64);
 PERFQ_CHECK_OFFSET(perfq_spsc_header, lost, 72);
 PERFQ_CHECK_OFFSET(perfq_spsc_header, head, 128);
@@ -523,7 +532,7 @@ PERFQ_CHECK_SIZE(perfq_job_completion, 32);
  * passes over the control socket with SCM_RIGHTS.  Both map it shared.
  *
  *   offset 0    [perfq_app_ring_header]   64 B   daemon lays out; see fields
- *   offset 64   [perfq_spsc_header]      192 B   tail, lost: application
+ *   offset 64   [perfq_spsc_header]      192 B   written, tail, lost: application
  *                                                head: daemon
  *   offset 256  [capacity x perfq_record]        application -> daemon
  *
@@ -534,9 +543,19 @@ PERFQ_CHECK_SIZE(perfq_job_completion, 32);
  * time = CLOCK_MONOTONIC ns.  A push into a full ring is refused and counted
  * in the spsc header's `lost`; such records never get an index.
  *
+ * Chunks: the application publishes its tail once per chunk of
+ * PERFQ_APP_RING_CHUNK records (fewer in a ring smaller than 8 chunks:
+ * capacity / 8), so the daemon never reads the cache lines it is writing,
+ * and keeps `written` current after every record.  The daemon reads up to
+ * `written` when a ring's tail has not moved since its last pass (within
+ * its 2-10 ms poll), when the thread or the application has ended, and at a
+ * stop: a partly filled chunk is never stranded.
+ *
  * The daemon trusts nothing in this memory: it keeps its own copy of the
- * geometry and the stream id and validates every tail and record it reads.
+ * geometry and the stream id and validates every tail (and `written`) and
+ * record it reads.
  */
+#define PERFQ_APP_RING_CHUNK 64u
 #define PERFQ_APP_RING_MAGIC 0x474e525041514650ULL /* "PFQAPRNG" */
 #define PERFQ_APP_RING_OFFSET_SPSC 64u
 #define PERFQ_APP_RING_OFFSET_SLOTS (64u + 192u)

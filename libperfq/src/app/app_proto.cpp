@@ -106,7 +106,7 @@ Result<AppRing> attach_app_ring(int fd, const nlohmann::json& reply) {
   AppRing r;
   r.hdr = hdr;
   r.spsc = ring->header();
-  r.producer = ring->producer();
+  r.producer = ring->chunked_producer(app_ring_chunk(cap));
   r.stream = static_cast<uint16_t>(stream);
   r.mapping = std::move(*m);
   return r;

@@ -62,9 +62,15 @@ struct AppRing {
   Mapping mapping;
   perfq_app_ring_header* hdr = nullptr;
   perfq_spsc_header* spsc = nullptr;
-  SpscProducer<perfq_record> producer;
+  ChunkedProducer<perfq_record> producer;
   uint16_t stream = 0;
 };
+// Records an application publishes its tail per (perfq_abi.h, "Chunks"):
+// PERFQ_APP_RING_CHUNK, or capacity / 8 in a smaller ring (at least 1).
+constexpr uint64_t app_ring_chunk(uint64_t capacity) {
+  return capacity / 8 >= PERFQ_APP_RING_CHUNK ? PERFQ_APP_RING_CHUNK
+                                              : (capacity / 8 ? capacity / 8 : 1);
+}
 // Checked as an application must check what any daemon hands it: a stream
 // id that fits, a power-of-two capacity within PERFQ_RING_CAPACITY_MAX, a
 // memfd sealed against shrinking (else it could be cut short under the

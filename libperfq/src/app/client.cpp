@@ -80,7 +80,7 @@ struct ThreadState {
   uint64_t gen = 0;                      // 0: never seen any generation
   perfq_app_ring_header* hdr = nullptr;  // null: no ring in this generation
   perfq_spsc_header* spsc = nullptr;
-  SpscProducer<perfq_record> producer;
+  ChunkedProducer<perfq_record> producer;
   uint16_t stream = 0;
   std::atomic<uint64_t> dropped{0};
   std::atomic<uint64_t> not_recording{0};
@@ -241,7 +241,7 @@ void Client::after_fork_child() {
   for (ThreadState* t : threads_) {
     t->hdr = nullptr;
     t->spsc = nullptr;
-    t->producer = SpscProducer<perfq_record>();
+    t->producer = ChunkedProducer<perfq_record>();
     t->mapping.reset();  // unmaps in the child only
   }
   conn_.reset();
@@ -453,14 +453,15 @@ Result<json> Client::request_locked(const json& req, UniqueFd* fd_out) {
 
 void Client::release_ring_locked(ThreadState* t) {
   if (!t->hdr) return;
-  t->base_recorded += load_acquire(&t->spsc->tail);
+  t->producer.flush();  // the partly filled chunk (the owner's thread: only it writes)
+  t->base_recorded += t->producer.tail();
   t->base_lost += load_relaxed(&t->spsc->lost);
   // Pairs with the daemon's load_acquire of `finished` before its last
   // peek: every tail published above is visible to it.
   store_release(&t->hdr->finished, 1);
   t->hdr = nullptr;
   t->spsc = nullptr;
-  t->producer = SpscProducer<perfq_record>();
+  t->producer = ChunkedProducer<perfq_record>();
   t->mapping.reset();
 }
 
@@ -650,8 +651,8 @@ void Client::stats(perfq_stats* out) {
     s.recorded += t->base_recorded;
     s.lost += t->base_lost;
     if (t->hdr) {
-      // Pairs with the owner's store_release of the tail.
-      s.recorded += load_acquire(&t->spsc->tail);
+      // Pairs with the owner's store_release of `written` (its tail trails it).
+      s.recorded += load_acquire(&t->spsc->written);
       s.lost += load_relaxed(&t->spsc->lost);
       ++s.threads;
     }

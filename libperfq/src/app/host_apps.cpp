@@ -42,6 +42,8 @@ struct Ring {
   uint64_t lost_reported = 0;
   uint64_t invalid_reported = 0;
   uint64_t last_index = 0;
+  uint64_t last_published = 0;  // the tail as the last pass saw it
+  bool tail_still = false;      // it had not moved since the pass before
   bool retired = false;
 
   // Written by the collector, read by stats() (any thread).
@@ -277,7 +279,15 @@ struct HostApps::Impl {
     const bool gone =
         r.app_gone.load(std::memory_order_acquire) || load_acquire(&r.hdr->finished) != 0;
     size_t handed = 0;
-    auto s = r.consumer.peek(max);
+    // The application publishes its tail per chunk (perfq_abi.h, "Chunks"):
+    // what it wrote past it is taken through `written` once the tail has
+    // stood still for a pass (a quiet thread), or for good (it ended, a
+    // stop's full pass); never while the tail moves, so this thread does not
+    // read the lines a busy application is writing.
+    const bool take_written = gone || max == SIZE_MAX || r.tail_still;
+    auto s = take_written ? r.consumer.peek_written(&r.spsc->written, max) : r.consumer.peek(max);
+    r.tail_still = r.consumer.published() == r.last_published;
+    r.last_published = r.consumer.published();
     if (r.consumer.fault()) {
       std::lock_guard l(mu);
       r.error = "ring fault: " + r.consumer.fault().describe();
@@ -533,7 +543,8 @@ std::vector<HostApps::StreamStats> HostApps::stats() const {
       s.discarded = r->discarded.load(std::memory_order_relaxed);
       s.invalid = r->invalid.load(std::memory_order_relaxed);
       s.lost = std::max(r->lost_seen.load(std::memory_order_relaxed), load_relaxed(&r->spsc->lost));
-      const uint64_t tail = load_acquire(&r->spsc->tail);
+      // Written or published (a chunk in progress is in the ring too).
+      const uint64_t tail = std::max(load_acquire(&r->spsc->tail), load_acquire(&r->spsc->written));
       const uint64_t head = load_acquire(&r->spsc->head);
       s.fill = tail >= head ? std::min(tail - head, r->capacity) : 0;
       s.capacity = r->capacity;

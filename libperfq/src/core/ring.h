@@ -213,6 +213,91 @@ class SpscProducer {
   RingFault fault_;
 };
 
+// ---- Chunked producer ---------------------------------------------------------------
+
+// A producer that publishes its tail once per chunk of `chunk` elements (a
+// power of two), and its position after every element in a word of its own
+// (`written`, perfq_spsc_header): the consumer, polling the tail, never
+// reads the cache lines the producer is writing, and the tail's line moves
+// between them once per chunk instead of once per element.  A consumer
+// takes a partly filled chunk through `written` when the tail stands still
+// (SpscConsumer::peek_written()); flush() publishes it.  The fast path is
+// one slot store, two counter stores and a test: no configuration branch.
+template <class T>
+class ChunkedProducer {
+  static_assert(std::is_trivially_copyable_v<T>, "ring elements are copied as bytes");
+
+ public:
+  struct Words {
+    uint64_t* tail = nullptr;        // published once per chunk
+    uint64_t* written = nullptr;     // published after every element
+    const uint64_t* head = nullptr;  // the consumer's position
+  };
+
+  ChunkedProducer() = default;
+  // capacity and chunk: powers of two, chunk <= capacity.
+  ChunkedProducer(T* slots, uint64_t capacity, uint64_t chunk, Words w) noexcept
+      : slots_(slots), mask_(capacity - 1), chunk_mask_(chunk - 1), words_(w) {
+    tail_ = load_relaxed(w.tail);
+    head_cache_ = load_acquire(w.head);
+  }
+  ChunkedProducer(const ChunkedProducer&) = delete;
+  ChunkedProducer& operator=(const ChunkedProducer&) = delete;
+  ChunkedProducer(ChunkedProducer&&) noexcept = default;
+  ChunkedProducer& operator=(ChunkedProducer&&) noexcept = default;
+
+  uint64_t capacity() const noexcept { return mask_ + 1; }
+  uint64_t tail() const noexcept { return tail_; }  // written, published or not
+  const RingFault& fault() const noexcept { return fault_; }
+
+  [[nodiscard]] bool try_push(const T& v) noexcept {
+    if (tail_ - head_cache_ > mask_ && !refresh_head()) return false;
+    slots_[tail_ & mask_] = v;
+    ++tail_;
+    // Pairs with the consumer's load_acquire of `written`: the slot first.
+    store_release(words_.written, tail_);
+    // Pairs with the consumer's load_acquire of the tail.
+    if ((tail_ & chunk_mask_) == 0) store_release(words_.tail, tail_);
+    return true;
+  }
+
+  // Publish a partly filled chunk (the thread ends, the ring is given up).
+  void flush() noexcept {
+    if (words_.tail) store_release(words_.tail, tail_);
+  }
+
+ private:
+  bool refresh_head() noexcept {
+    // Pairs with store_release of the head in SpscConsumer::release().
+    const uint64_t h = load_acquire(words_.head);
+    if (h > tail_) {
+      set_fault(RingFault::Kind::kHeadAheadOfTail, h);
+      return false;
+    }
+    if (h < head_cache_) {
+      set_fault(RingFault::Kind::kHeadMovedBackwards, h);
+      return false;
+    }
+    if (tail_ - h > capacity()) {
+      set_fault(RingFault::Kind::kHeadTooFarBehind, h);
+      return false;
+    }
+    head_cache_ = h;
+    return tail_ - h < capacity();
+  }
+  void set_fault(RingFault::Kind k, uint64_t seen) noexcept {
+    if (!fault_) fault_ = RingFault{k, seen, tail_, head_cache_, capacity()};
+  }
+
+  T* slots_ = nullptr;
+  uint64_t mask_ = 0;
+  uint64_t chunk_mask_ = 0;
+  Words words_;
+  uint64_t tail_ = 0;
+  uint64_t head_cache_ = 0;
+  RingFault fault_;
+};
+
 // ---- Consumer -------------------------------------------------------------------
 
 template <class T>
@@ -231,6 +316,7 @@ class SpscConsumer {
       : slots_(slots), mask_(capacity - 1), words_(w) {
     head_ = load_relaxed(w.head);
     tail_cache_ = head_;
+    published_ = head_;
   }
   SpscConsumer(const SpscConsumer&) = delete;
   SpscConsumer& operator=(const SpscConsumer&) = delete;
@@ -239,6 +325,7 @@ class SpscConsumer {
 
   uint64_t capacity() const noexcept { return mask_ + 1; }
   uint64_t head() const noexcept { return head_; }
+  uint64_t published() const noexcept { return published_; }  // the newest tail read
   const RingFault& fault() const noexcept { return fault_; }
 
   // Elements readable now, up to max.  The tail is re-read only when the
@@ -250,6 +337,28 @@ class SpscConsumer {
       if (!refresh_tail()) return {};
       avail = tail_cache_ - head_;
     }
+    return make_span(slots_, mask_, head_, max < avail ? max : static_cast<size_t>(avail));
+  }
+
+  // As peek(), and also what a chunked producer (ChunkedProducer) has
+  // written but not published yet: up to its `written` word, which it keeps
+  // after every element (0: not kept, ignored).  For a producer whose tail
+  // stands still, or that has ended.  A `written` more than capacity ahead
+  // of the head is a fault (kTailTooFarAhead); one behind what was already
+  // seen says nothing new.
+  [[nodiscard]] RingSpan<const T> peek_written(const uint64_t* written,
+                                               size_t max = SIZE_MAX) noexcept {
+    auto s = peek(max);
+    if (fault_ || s.size() >= max) return s;
+    // Pairs with the producer's store_release of `written` after the slot.
+    const uint64_t w = load_acquire(written);
+    if (w == 0 || w <= tail_cache_) return s;
+    if (w - head_ > capacity()) {
+      fault_ = RingFault{RingFault::Kind::kTailTooFarAhead, w, head_, tail_cache_, capacity()};
+      return {};
+    }
+    tail_cache_ = w;
+    const uint64_t avail = tail_cache_ - head_;
     return make_span(slots_, mask_, head_, max < avail ? max : static_cast<size_t>(avail));
   }
 
@@ -283,6 +392,7 @@ class SpscConsumer {
   bool clear_fault() noexcept {
     fault_ = RingFault{};
     tail_cache_ = head_;
+    published_ = 0;
     return refresh_tail();
   }
 
@@ -293,15 +403,18 @@ class SpscConsumer {
     // slot below the tail we see has been written.
     const uint64_t t = load_acquire(words_.tail);
     RingFault::Kind k = RingFault::Kind::kNone;
-    if (t < tail_cache_)
+    // The head may be ahead of the published tail: what peek_written() took
+    // (a chunked producer publishes it later, or never).
+    if (t < published_)
       k = t < head_ ? RingFault::Kind::kTailBehindHead : RingFault::Kind::kTailMovedBackwards;
-    else if (t - head_ > capacity())
+    else if (t > head_ && t - head_ > capacity())
       k = RingFault::Kind::kTailTooFarAhead;
     if (k != RingFault::Kind::kNone) {
       fault_ = RingFault{k, t, head_, tail_cache_, capacity()};
       return false;
     }
-    tail_cache_ = t;
+    published_ = t;
+    if (t > tail_cache_) tail_cache_ = t;
     return true;
   }
 
@@ -309,7 +422,8 @@ class SpscConsumer {
   uint64_t mask_ = 0;
   Words words_;
   uint64_t head_ = 0;
-  uint64_t tail_cache_ = 0;
+  uint64_t tail_cache_ = 0;  // readable up to here (the tail, or `written`)
+  uint64_t published_ = 0;   // the newest tail read
   RingFault fault_;
 };
 

@@ -80,6 +80,11 @@ class SpscRingMemory {
   SpscProducer<T> producer() const noexcept {
     return SpscProducer<T>(slots(), capacity_, {&h_->tail, nullptr, &h_->head});
   }
+  // Publishes its tail once per `chunk` elements (a power of two <= capacity)
+  // and keeps the header's `written` after every element.
+  ChunkedProducer<T> chunked_producer(uint64_t chunk) const noexcept {
+    return ChunkedProducer<T>(slots(), capacity_, chunk, {&h_->tail, &h_->written, &h_->head});
+  }
   SpscConsumer<T> consumer() const noexcept {
     return SpscConsumer<T>(slots(), capacity_, {&h_->tail, &h_->head, nullptr});
   }

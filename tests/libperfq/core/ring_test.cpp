@@ -431,5 +431,125 @@ TEST_CASE("spsc ring memory: losses are counted by the producer", "[ring]") {
   REQUIRE(ring.memory().lost() == 6);
 }
 
+// ---- Chunked publishing (host application rings) ---------------------------------------
+
+TEST_CASE("ring: a chunked producer publishes whole chunks, and `written` gives the rest",
+          "[ring][chunk]") {
+  HeapRing<perfq_record> ring(1024);
+  auto p = ring.memory().chunked_producer(64);
+  auto c = ring.consumer();
+  const uint64_t* written = &ring.memory().header()->written;
+  uint64_t next = 0, pushed = 0;
+  auto push = [&](uint64_t n) {
+    for (uint64_t i = 0; i < n; ++i) REQUIRE(p.try_push(rec(pushed++)));
+  };
+  auto take = [&](RingSpan<const perfq_record> s) {
+    for (size_t k = 0; k < s.size(); ++k) CHECK(same(s[k], next + k));
+    next += s.size();
+    c.release(s.size());
+    return s.size();
+  };
+  push(10);
+  CHECK(c.peek().empty());  // a chunk in progress is not published
+  CHECK(load_acquire(written) == 10);
+  CHECK(load_acquire(&ring.memory().header()->tail) == 0);
+  CHECK(take(c.peek_written(written)) == 10);
+  push(54);  // completes the first chunk: the tail is published (64)
+  CHECK(take(c.peek()) == 54);
+  push(5);  // read through `written`, ahead of the published tail
+  CHECK(c.peek().empty());
+  CHECK(take(c.peek_written(written, 3)) == 3);  // at most max
+  CHECK(take(c.peek_written(written)) == 2);
+  push(59);  // the second chunk: tail 128, behind which the head (69) was
+  CHECK(take(c.peek()) == 59);
+  push(3);
+  p.flush();  // a thread that ends publishes its partial chunk
+  CHECK(take(c.peek()) == 3);
+  CHECK_FALSE(c.fault());
+  // Full: the producer refuses, whatever the consumer took through `written`.
+  push(1024);
+  CHECK_FALSE(p.try_push(rec(pushed)));
+  CHECK(take(c.peek_written(written)) == 1024);
+  CHECK(next == pushed);
+  CHECK_FALSE(c.fault());
+  CHECK_FALSE(p.fault());
+}
+
+TEST_CASE("ring: a `written` word that lies", "[ring][chunk][hostile]") {
+  HeapRing<perfq_record> ring(64);
+  auto c = ring.consumer();
+  uint64_t* written = &ring.memory().header()->written;
+  for (uint64_t i = 0; i < 8; ++i) ring.memory().slots()[i] = rec(i);
+  store_release(written, 0);  // not kept (a producer that publishes every element)
+  CHECK(c.peek_written(written).empty());
+  CHECK_FALSE(c.fault());
+  store_release(written, 8);
+  auto s = c.peek_written(written);
+  REQUIRE(s.size() == 8);
+  c.release(8);
+  store_release(written, 5);  // behind what was taken: nothing new, no harm
+  CHECK(c.peek_written(written).empty());
+  CHECK_FALSE(c.fault());
+  store_release(written, 8 + 65);  // more than capacity ahead of the head
+  CHECK(c.peek_written(written).empty());
+  REQUIRE(c.fault());
+  CHECK(c.fault().kind == RingFault::Kind::kTailTooFarAhead);
+  CHECK(c.fault().seen == 73);
+}
+
+TEST_CASE("ring: a chunked producer and a consumer that takes `written` when the tail stands still",
+          "[ring][chunk][stress]") {
+  const uint64_t cap = GENERATE(64, 4096);
+  const uint64_t chunk = GENERATE(1, 8, 64);
+  if (chunk > cap) return;
+  HeapRing<perfq_record> ring(cap);
+  auto p = ring.memory().chunked_producer(chunk);
+  auto c = ring.consumer();
+  const uint64_t* written = &ring.memory().header()->written;
+  constexpr uint64_t kTotal = 2'000'000;
+  std::atomic<bool> fault{false};
+  std::thread producer([&] {
+    std::mt19937_64 rng(7);
+    uint64_t i = 0, spins = 0;
+    while (i < kTotal) {
+      if (p.try_push(rec(i))) {
+        ++i;
+        // Now and then a pause: the partial chunk waits for the consumer.
+        if ((rng() & 0xffff) == 0) std::this_thread::sleep_for(std::chrono::microseconds(50));
+      } else if ((++spins & 1023) == 0) {
+        std::this_thread::yield();
+      }
+      if (p.fault()) {
+        fault = true;
+        return;
+      }
+    }
+    p.flush();
+  });
+  uint64_t next = 0, bad = 0, idle = 0, via_written = 0, last_tail = ~0ull;
+  while (next < kTotal && !fault) {
+    // As the daemon does: `written` once the tail stood still for a look.
+    const bool still = c.published() == last_tail;
+    last_tail = c.published();
+    const uint64_t before = next;
+    auto s = still ? c.peek_written(written, 512) : c.peek(512);
+    if (c.fault()) break;
+    for (size_t k = 0; k < s.size(); ++k)
+      if (!same(s[k], next + k)) ++bad;
+    next += s.size();
+    c.release(s.size());
+    if (still && next > before && c.published() < next) ++via_written;
+    if (s.empty() && (++idle & 255) == 0) std::this_thread::yield();
+  }
+  producer.join();
+  INFO("cap " << cap << " chunk " << chunk << ": " << via_written
+              << " takes reached past the published tail");
+  REQUIRE_FALSE(fault);
+  REQUIRE_FALSE(c.fault());
+  CHECK(bad == 0);
+  CHECK(next == kTotal);
+  if (chunk > 1) CHECK(via_written > 0);
+}
+
 }  // namespace
 }  // namespace perfq
