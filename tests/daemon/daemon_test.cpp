@@ -1984,6 +1984,53 @@ TEST_CASE(
 // as covered by the old segment (2 734 records 1 s off at -1 s), and after
 // a forward step records extrapolated across it were the step's size off
 // with a claim of ~100 ns (22 or 159 records at +5 ms, 2 runs of 5).
+// The "tick" records of devsim --truth (arg: the true host time) against
+// their converted times and claims.
+struct TruthCheck {
+  uint64_t ticks = 0, beyond = 0, loose = 0, unclaimed = 0, forced = 0;
+  double worst = 0, worst_claim = 0;  // the farthest beyond its claim
+  int64_t worst_truth = 0;
+};
+// `perfqctl stop`, then the trace, which must have ended cleanly.
+TraceContent stop_and_read(const Daemon& d, const std::string& trace) {
+  auto stop = ctl(d, {"stop", "--json"});
+  INFO("stop: " << stop->out() << "\ndaemon: " << d.proc->err());
+  REQUIRE(stop->exit_code() == 0);
+  bool clean = false;
+  TraceContent t = read_trace(trace, &clean);
+  REQUIRE(clean);
+  return t;
+}
+TruthCheck check_ticks_against_truth(const TraceContent& t) {
+  // Room for the truth itself (devsim reads the host clock beside the
+  // device's, not at the same instant).
+  constexpr double kTruthSlackNs = 200;
+  TruthCheck c;
+  for (const auto& r : t.records) {
+    if (r.source == 0 || t.event_name(r) != "tick") continue;
+    ++c.ticks;
+    if (r.conv == TraceConversion::kNone) ++c.unclaimed;
+    const double e = std::fabs(static_cast<double>(r.time_ns - static_cast<int64_t>(r.rec.arg)));
+    const double claim = r.claim_ns == kClaimUnbounded ? INFINITY : r.claim_ns;
+    if (e > claim + kTruthSlackNs) {
+      ++c.beyond;
+      if (e > c.worst) {
+        c.worst = e;
+        c.worst_claim = claim;
+        c.worst_truth = static_cast<int64_t>(r.rec.arg);
+      }
+    }
+    // Forced: waited 2 s for rounds a loaded machine kept loose, then
+    // converted with the model there was, claiming what it claims there
+    // (or nothing): honest still.
+    if (r.conv == TraceConversion::kForced)
+      ++c.forced;
+    else if (claim > 20'000)
+      ++c.loose;
+  }
+  return c;
+}
+
 TEST_CASE("daemon: device times around a clock step lie within their claims",
           "[daemon][process][sync]") {
   const std::string step = GENERATE("-50000000", "-1000000000", "5000000", "300000000");
@@ -2019,49 +2066,18 @@ TEST_CASE("daemon: device times around a clock step lie within their claims",
   Daemon d(dir);
   REQUIRE(ctl(d, {"start", "-o", trace, "--device", "shm:" + shm.path()})->exit_code() == 0);
   REQUIRE(dev.wait(std::chrono::seconds(static_cast<int>(60 * kSlow))));
-  auto stop = ctl(d, {"stop", "--json"});
-  INFO("stop: " << stop->out() << "\ndaemon: " << d.proc->err());
-  REQUIRE(stop->exit_code() == 0);
-  bool clean = false;
-  TraceContent t = read_trace(trace, &clean);
-  REQUIRE(clean);
-  // Room for the truth itself (devsim reads the host clock beside the
-  // device's, not at the same instant).
-  constexpr double kTruthSlackNs = 200;
-  uint64_t ticks = 0, beyond = 0, loose = 0, unclaimed = 0, forced = 0;
-  double worst = 0, worst_claim = 0;
-  int64_t worst_truth = 0;
-  for (const auto& r : t.records) {
-    if (r.source == 0 || t.event_name(r) != "tick") continue;
-    ++ticks;
-    if (r.conv == TraceConversion::kNone) ++unclaimed;
-    const double e = std::fabs(static_cast<double>(r.time_ns - static_cast<int64_t>(r.rec.arg)));
-    const double claim = r.claim_ns == kClaimUnbounded ? INFINITY : r.claim_ns;
-    if (e > claim + kTruthSlackNs) {
-      ++beyond;
-      if (e > worst) {
-        worst = e;
-        worst_claim = claim;
-        worst_truth = static_cast<int64_t>(r.rec.arg);
-      }
-    }
-    // Forced: waited 2 s for rounds a loaded machine kept loose, then
-    // converted with the model there was, claiming what it claims there.
-    if (r.conv == TraceConversion::kForced)
-      ++forced;
-    else if (claim > 20'000)
-      ++loose;
-  }
-  INFO("ticks " << ticks << ", beyond their claim " << beyond << " (worst " << worst
-                << " ns off claiming " << worst_claim << " ns, at true time " << worst_truth
-                << "), claims over 20 us " << loose << " (and " << forced << " forced), models "
+  const TraceContent t = stop_and_read(d, trace);
+  const TruthCheck c = check_ticks_against_truth(t);
+  INFO("ticks " << c.ticks << ", beyond their claim " << c.beyond << " (worst " << c.worst
+                << " ns off claiming " << c.worst_claim << " ns, at true time " << c.worst_truth
+                << "), claims over 20 us " << c.loose << " (and " << c.forced << " forced), models "
                 << t.model_list.size());
-  CHECK(ticks > 40000);
-  CHECK(unclaimed == 0);
-  CHECK(beyond == 0);
+  CHECK(c.ticks > 40000);
+  CHECK(c.unclaimed == 0);
+  CHECK(c.beyond == 0);
   // Honest and useful: only the records around the step may be loose, the
   // step's size in their claims (those the model converted).
-  CHECK(loose < ticks / 50);
+  CHECK(c.loose < c.ticks / 50);
 }
 
 // An idle device costs few rounds: while it records nothing the interval
@@ -2153,33 +2169,13 @@ TEST_CASE("daemon: sync rounds slow down while a device records nothing, and spe
   CHECK(flowing >= 5);
   CHECK(longer == 0);
   REQUIRE(dev.wait(std::chrono::seconds(static_cast<int>(60 * kSlow))));
-  auto stop = ctl(d, {"stop", "--json"});
-  INFO("stop: " << stop->out() << "\ndaemon: " << d.proc->err());
-  REQUIRE(stop->exit_code() == 0);
-  bool clean = false;
-  TraceContent t = read_trace(trace, &clean);
-  REQUIRE(clean);
-  constexpr double kTruthSlackNs = 200;  // devsim reads the truth beside the device's clock
-  uint64_t ticks = 0, beyond = 0, unclaimed = 0, forced = 0;
-  double worst = 0;
-  for (const auto& r : t.records) {
-    if (r.source == 0 || t.event_name(r) != "tick") continue;
-    ++ticks;
-    if (r.conv == TraceConversion::kNone) ++unclaimed;
-    // Forced (rounds a loaded machine kept loose, past the wait's limit):
-    // honest still, with the claim of the model there was or none.
-    if (r.conv == TraceConversion::kForced) ++forced;
-    const double e = std::fabs(static_cast<double>(r.time_ns - static_cast<int64_t>(r.rec.arg)));
-    if (r.claim_ns != kClaimUnbounded && e > r.claim_ns + kTruthSlackNs) {
-      ++beyond;
-      worst = std::max(worst, e);
-    }
-  }
-  INFO("ticks " << ticks << ", beyond their claims " << beyond << " (worst " << worst
-                << " ns), unconverted " << unclaimed << ", forced " << forced);
-  CHECK(ticks > 5000);
-  CHECK(beyond == 0);
-  CHECK(unclaimed == 0);
+  const TraceContent t = stop_and_read(d, trace);
+  const TruthCheck c = check_ticks_against_truth(t);
+  INFO("ticks " << c.ticks << ", beyond their claims " << c.beyond << " (worst " << c.worst
+                << " ns), unconverted " << c.unclaimed << ", forced " << c.forced);
+  CHECK(c.ticks > 5000);
+  CHECK(c.beyond == 0);
+  CHECK(c.unclaimed == 0);
 }
 
 // One region, one consumer: a second daemon, a start naming the device

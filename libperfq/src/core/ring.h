@@ -112,73 +112,32 @@ inline RingSpan<T> make_span(T* slots, uint64_t mask, uint64_t pos, size_t n) no
 
 // ---- Producer -------------------------------------------------------------------
 
+// What every producer has: its slots, its position, the consumer's position
+// as last read, and the check of that position.
 template <class T>
-class SpscProducer {
+class ProducerBase {
   static_assert(std::is_trivially_copyable_v<T>, "ring elements are copied as bytes");
 
  public:
-  struct Words {
-    uint64_t* tail = nullptr;         // our position (local copy)
-    uint64_t* tail_mirror = nullptr;  // optional remote copy of our position
-    const uint64_t* head = nullptr;   // the consumer's position (our local copy)
-  };
-
-  SpscProducer() = default;
-  // capacity must be a power of two; the caller has validated it.
-  SpscProducer(T* slots, uint64_t capacity, Words w) noexcept
-      : slots_(slots), mask_(capacity - 1), words_(w) {
-    tail_ = load_relaxed(w.tail);
-    head_cache_ = load_acquire(w.head);
-  }
-  SpscProducer(const SpscProducer&) = delete;
-  SpscProducer& operator=(const SpscProducer&) = delete;
-  SpscProducer(SpscProducer&&) noexcept = default;
-  SpscProducer& operator=(SpscProducer&&) noexcept = default;
-
   uint64_t capacity() const noexcept { return mask_ + 1; }
   uint64_t tail() const noexcept { return tail_; }
   const RingFault& fault() const noexcept { return fault_; }
 
-  // Push one element; false when the ring is full (or the head is corrupt).
-  [[nodiscard]] bool try_push(const T& v) noexcept {
-    if (tail_ - head_cache_ > mask_ && !refresh_head()) return false;
-    slots_[tail_ & mask_] = v;
-    ++tail_;
-    publish();
-    return true;
+ protected:
+  ProducerBase() = default;
+  // capacity must be a power of two; the caller has validated it.
+  ProducerBase(T* slots, uint64_t capacity, const uint64_t* tail, const uint64_t* head) noexcept
+      : slots_(slots), mask_(capacity - 1), head_word_(head) {
+    tail_ = load_relaxed(tail);
+    head_cache_ = load_acquire(head);
   }
 
-  // Free slots, from the cached head; refreshed when that says full.
-  size_t free_slots() noexcept {
-    uint64_t used = tail_ - head_cache_;
-    if (used > mask_) {
-      if (!refresh_head()) return 0;
-      used = tail_ - head_cache_;
-    }
-    return static_cast<size_t>(capacity() - used);
-  }
-
-  // Reserve up to n slots to fill in place; the span may be shorter (or
-  // empty when the ring is full).  Nothing is visible before commit().
-  [[nodiscard]] RingSpan<T> reserve(size_t n) noexcept {
-    uint64_t avail = capacity() - (tail_ - head_cache_);
-    if (avail < n && refresh_head()) avail = capacity() - (tail_ - head_cache_);
-    if (fault_) avail = 0;
-    return make_span(slots_, mask_, tail_, n < avail ? n : static_cast<size_t>(avail));
-  }
-  // Make n reserved slots visible to the consumer.
-  void commit(size_t n) noexcept {
-    tail_ += n;
-    publish();
-  }
-
- private:
   // Re-read the consumer's position; false when the ring is still full or
   // the head is invalid (then fault_ says why, and nothing is written).
   bool refresh_head() noexcept {
     // Pairs with store_release of the head in SpscConsumer::release(): the
     // consumer has finished reading every slot below the head we see.
-    const uint64_t h = load_acquire(words_.head);
+    const uint64_t h = load_acquire(head_word_);
     if (h > tail_) {
       set_fault(RingFault::Kind::kHeadAheadOfTail, h);
       return false;
@@ -198,19 +157,79 @@ class SpscProducer {
   void set_fault(RingFault::Kind k, uint64_t seen) noexcept {
     if (!fault_) fault_ = RingFault{k, seen, tail_, head_cache_, capacity()};
   }
-  void publish() noexcept {
-    // Pairs with load_acquire of the tail in SpscConsumer::refresh_tail():
-    // the slot writes above are visible before the new tail.
-    store_release(words_.tail, tail_);
-    if (words_.tail_mirror) store_release(words_.tail_mirror, tail_);
-  }
+  // Room for one more element (re-reading the head when the cache says full).
+  bool room_for_one() noexcept { return tail_ - head_cache_ <= mask_ || refresh_head(); }
 
   T* slots_ = nullptr;
   uint64_t mask_ = 0;
-  Words words_;
+  const uint64_t* head_word_ = nullptr;
   uint64_t tail_ = 0;
   uint64_t head_cache_ = 0;
   RingFault fault_;
+};
+
+template <class T>
+class SpscProducer : public ProducerBase<T> {
+  using B = ProducerBase<T>;
+
+ public:
+  struct Words {
+    uint64_t* tail = nullptr;         // our position (local copy)
+    uint64_t* tail_mirror = nullptr;  // optional remote copy of our position
+    const uint64_t* head = nullptr;   // the consumer's position (our local copy)
+  };
+
+  SpscProducer() = default;
+  // capacity must be a power of two; the caller has validated it.
+  SpscProducer(T* slots, uint64_t capacity, Words w) noexcept
+      : B(slots, capacity, w.tail, w.head), words_(w) {}
+  SpscProducer(const SpscProducer&) = delete;
+  SpscProducer& operator=(const SpscProducer&) = delete;
+  SpscProducer(SpscProducer&&) noexcept = default;
+  SpscProducer& operator=(SpscProducer&&) noexcept = default;
+
+  // Push one element; false when the ring is full (or the head is corrupt).
+  [[nodiscard]] bool try_push(const T& v) noexcept {
+    if (!B::room_for_one()) return false;
+    B::slots_[B::tail_ & B::mask_] = v;
+    ++B::tail_;
+    publish();
+    return true;
+  }
+
+  // Free slots, from the cached head; refreshed when that says full.
+  size_t free_slots() noexcept {
+    uint64_t used = B::tail_ - B::head_cache_;
+    if (used > B::mask_) {
+      if (!B::refresh_head()) return 0;
+      used = B::tail_ - B::head_cache_;
+    }
+    return static_cast<size_t>(B::capacity() - used);
+  }
+
+  // Reserve up to n slots to fill in place; the span may be shorter (or
+  // empty when the ring is full).  Nothing is visible before commit().
+  [[nodiscard]] RingSpan<T> reserve(size_t n) noexcept {
+    uint64_t avail = B::capacity() - (B::tail_ - B::head_cache_);
+    if (avail < n && B::refresh_head()) avail = B::capacity() - (B::tail_ - B::head_cache_);
+    if (B::fault_) avail = 0;
+    return make_span(B::slots_, B::mask_, B::tail_, n < avail ? n : static_cast<size_t>(avail));
+  }
+  // Make n reserved slots visible to the consumer.
+  void commit(size_t n) noexcept {
+    B::tail_ += n;
+    publish();
+  }
+
+ private:
+  void publish() noexcept {
+    // Pairs with load_acquire of the tail in SpscConsumer::refresh_tail():
+    // the slot writes above are visible before the new tail.
+    store_release(words_.tail, B::tail_);
+    if (words_.tail_mirror) store_release(words_.tail_mirror, B::tail_);
+  }
+
+  Words words_;
 };
 
 // ---- Chunked producer ---------------------------------------------------------------
@@ -224,8 +243,8 @@ class SpscProducer {
 // (SpscConsumer::peek_written()); flush() publishes it.  The fast path is
 // one slot store, two counter stores and a test: no configuration branch.
 template <class T>
-class ChunkedProducer {
-  static_assert(std::is_trivially_copyable_v<T>, "ring elements are copied as bytes");
+class ChunkedProducer : public ProducerBase<T> {
+  using B = ProducerBase<T>;
 
  public:
   struct Words {
@@ -237,65 +256,32 @@ class ChunkedProducer {
   ChunkedProducer() = default;
   // capacity and chunk: powers of two, chunk <= capacity.
   ChunkedProducer(T* slots, uint64_t capacity, uint64_t chunk, Words w) noexcept
-      : slots_(slots), mask_(capacity - 1), chunk_mask_(chunk - 1), words_(w) {
-    tail_ = load_relaxed(w.tail);
-    head_cache_ = load_acquire(w.head);
-  }
+      : B(slots, capacity, w.tail, w.head), chunk_mask_(chunk - 1), words_(w) {}
   ChunkedProducer(const ChunkedProducer&) = delete;
   ChunkedProducer& operator=(const ChunkedProducer&) = delete;
   ChunkedProducer(ChunkedProducer&&) noexcept = default;
   ChunkedProducer& operator=(ChunkedProducer&&) noexcept = default;
 
-  uint64_t capacity() const noexcept { return mask_ + 1; }
-  uint64_t tail() const noexcept { return tail_; }  // written, published or not
-  const RingFault& fault() const noexcept { return fault_; }
-
+  // B::tail(): the position written, published or not.
   [[nodiscard]] bool try_push(const T& v) noexcept {
-    if (tail_ - head_cache_ > mask_ && !refresh_head()) return false;
-    slots_[tail_ & mask_] = v;
-    ++tail_;
+    if (!B::room_for_one()) return false;
+    B::slots_[B::tail_ & B::mask_] = v;
+    ++B::tail_;
     // Pairs with the consumer's load_acquire of `written`: the slot first.
-    store_release(words_.written, tail_);
+    store_release(words_.written, B::tail_);
     // Pairs with the consumer's load_acquire of the tail.
-    if ((tail_ & chunk_mask_) == 0) store_release(words_.tail, tail_);
+    if ((B::tail_ & chunk_mask_) == 0) store_release(words_.tail, B::tail_);
     return true;
   }
 
   // Publish a partly filled chunk (the thread ends, the ring is given up).
   void flush() noexcept {
-    if (words_.tail) store_release(words_.tail, tail_);
+    if (words_.tail) store_release(words_.tail, B::tail_);
   }
 
  private:
-  bool refresh_head() noexcept {
-    // Pairs with store_release of the head in SpscConsumer::release().
-    const uint64_t h = load_acquire(words_.head);
-    if (h > tail_) {
-      set_fault(RingFault::Kind::kHeadAheadOfTail, h);
-      return false;
-    }
-    if (h < head_cache_) {
-      set_fault(RingFault::Kind::kHeadMovedBackwards, h);
-      return false;
-    }
-    if (tail_ - h > capacity()) {
-      set_fault(RingFault::Kind::kHeadTooFarBehind, h);
-      return false;
-    }
-    head_cache_ = h;
-    return tail_ - h < capacity();
-  }
-  void set_fault(RingFault::Kind k, uint64_t seen) noexcept {
-    if (!fault_) fault_ = RingFault{k, seen, tail_, head_cache_, capacity()};
-  }
-
-  T* slots_ = nullptr;
-  uint64_t mask_ = 0;
   uint64_t chunk_mask_ = 0;
   Words words_;
-  uint64_t tail_ = 0;
-  uint64_t head_cache_ = 0;
-  RingFault fault_;
 };
 
 // ---- Consumer -------------------------------------------------------------------
