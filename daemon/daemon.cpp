@@ -1,8 +1,8 @@
 #include "daemon.h"
 
 #include <glob.h>
-#include <malloc.h>
 #include <grp.h>
+#include <malloc.h>
 #include <pthread.h>
 #include <pwd.h>
 #include <unistd.h>

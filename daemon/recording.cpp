@@ -285,7 +285,9 @@ json Recording::stop(const std::function<void(const json&)>& progress) {
   }
   {
     std::lock_guard lock(stats_mu_);
-    j["records"] = writer_->records_written();
+    // Records as the report counts them: a device's LOST records are
+    // counts of records lost (in "lost"), not records.
+    j["records"] = writer_->records_written() - loss_records_;
     j["bytes"] = writer_->bytes_written();
     j["complete"] = closed.is_ok() && write_error_.empty();
   }

@@ -161,8 +161,9 @@ class Recording {
   };
   std::map<std::pair<uint16_t, uint16_t>, HostStream> host_streams_;
   std::string write_error_;
-  uint64_t records_written_ = 0;
+  uint64_t records_written_ = 0;  // as the report counts them: LOST records left out
   uint64_t bytes_written_ = 0;
+  uint64_t loss_records_ = 0;  // LOST records written (a device's counts of records it lost)
   uint64_t before_start_ = 0;  // host records older than the start, left out
   int64_t host_start_ns_ = 0;
 

@@ -135,6 +135,8 @@ void Recording::writer_main() {
     if (write_failed_) return;  // keep the merger empty; nothing more can be written
     Status s = write_side_queue();
     if (s && !out.empty()) s = writer_->append_records(out);
+    if (s)
+      for (const auto& r : out) loss_records_ += r.kind() == PERFQ_KIND_LOST;
     const int64_t now = now_ns();
     if (s && (now - flushed_ns >= kFlushNs || merger_.pending_approx() == 0)) {
       s = writer_->flush();  // a partial chunk (nothing when none is pending)
@@ -142,7 +144,7 @@ void Recording::writer_main() {
     }
     if (!s) return fail(s);
     std::lock_guard lock(stats_mu_);
-    records_written_ = writer_->records_written();
+    records_written_ = writer_->records_written() - loss_records_;
     bytes_written_ = writer_->bytes_written();
   };
   while (!writer_stop_) write(false);
