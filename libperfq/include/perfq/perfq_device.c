@@ -1344,7 +1344,13 @@ void perfq_sync_knot_from(const struct perfq_sync_fit *f, const struct perfq_syn
 	m->rate_sigma_ppb = sqrt_d(f->var_c + bias2) * E9;
 	m->valid_from_device = valid_from;
 	m->segment = segment;
-	m->valid = true;
+	/* A slope the ABI cannot carry (rate_ppb in (-1e9, 1e18 - 1e9): a
+	 * device clock faster than 1e18 ticks or slower than one tick a host
+	 * second), or no number at all, is no clock: hostile or garbage
+	 * samples.  Such a line is not a model (the fuzzer's input gave one
+	 * of 6e-14 ns a tick, whose ABI form no reader accepts). */
+	m->valid = finite_d(m->ns_per_tick) && m->ns_per_tick > 1.000001e-9 &&
+		   m->ns_per_tick < 0.999999e9 && finite_d(m->uncertainty_ns);
 }
 
 double perfq_sync_gate_of(double *u, uint32_t n, const struct perfq_sync_gate_config *cfg)

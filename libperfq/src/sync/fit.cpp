@@ -94,6 +94,7 @@ void ClockSync::on_observed(void* ctx, uint64_t host_ns) {
 }
 
 void ClockSync::on_knot(void* ctx, const perfq_sync_line* m) {
+  if (!m->valid) return;  // no clock (perfq_sync_knot_from()): nothing converts with it
   auto* self = static_cast<ClockSync*>(ctx);
   auto& segs = self->history_.mutable_segments();
   segs.back().knots.push_back(from_c(*m));
