@@ -144,7 +144,10 @@ void Recording::writer_main() {
     }
     if (!s) return fail(s);
     std::lock_guard lock(stats_mu_);
-    records_written_ = writer_->records_written() - loss_records_;
+    // loss_records_ counts what was appended; records_written() what is in
+    // chunks already (a partial chunk waits): never below zero meanwhile.
+    const uint64_t in_file = writer_->records_written();
+    records_written_ = in_file > loss_records_ ? in_file - loss_records_ : 0;
     bytes_written_ = writer_->bytes_written();
   };
   while (!writer_stop_) write(false);
