@@ -20,9 +20,10 @@ namespace {
 // beyond it they are counted as lost (the device cannot be synchronized).
 constexpr size_t kMaxUnconverted = 1 << 20;
 // Records the merge may hold for the writer before drains stop reading:
-// 192 MiB at 48 B a record, well above what the watermark itself holds
-// back (records of the last device-latency-ms: 1.25 M at 5 M/s and 250 ms).
-constexpr size_t kMaxMergePending = 4 << 20;
+// 48 MiB at 48 B a record, 20 times what the writer's 50 ms between takes
+// leaves pending at 1 M records/s (the merge holds nothing for the
+// watermark: the trace's reader does).
+constexpr size_t kMaxMergePending = 1 << 20;
 constexpr size_t kDrainBatch = 16384;
 // The drain of a device that has been quiet for a second sleeps as long as
 // its ring holds records at this rate (10 to 50 ms): each wakeup costs tens

@@ -108,6 +108,12 @@ void Merger::push(Input* in, std::vector<TraceRecord>& records, int64_t bound) {
                         records.begin() + static_cast<ptrdiff_t>(i + n));
       i += n;
     }
+    // Below a watermark already taken: the file has said none would come.
+    if (!records.empty() && records.front().time_ns < complete_)
+      stats_.late += static_cast<uint64_t>(
+          std::lower_bound(records.begin(), records.end(), complete_,
+                           [](const TraceRecord& r, int64_t t) { return r.time_ns < t; }) -
+          records.begin());
     pending_.fetch_add(records.size(), std::memory_order_relaxed);
     pushed_since_take_ += records.size();
     stats_.pushed += records.size();
@@ -163,10 +169,9 @@ int64_t Merger::watermark_locked(int64_t now) const {
   return std::max(w, now - opts_.max_delay_ns);
 }
 
-size_t Merger::release_locked(std::vector<TraceRecord>& out, int64_t limit, bool all, size_t max) {
-  auto below = [&](int64_t t) { return all || t < limit; };
+size_t Merger::release_locked(std::vector<TraceRecord>& out, size_t max) {
   capped_ = false;
-  // A min-heap of the runs whose head is below the limit, by (time, seq).
+  // A min-heap of the runs with records, by (time of the head, seq).
   struct Head {
     int64_t t;
     uint64_t seq;
@@ -176,8 +181,7 @@ size_t Merger::release_locked(std::vector<TraceRecord>& out, int64_t limit, bool
   std::vector<Head> heap;
   for (auto& in : inputs_)
     for (auto& r : in->runs_)
-      if (r.pos < r.recs.size() && below(r.recs[r.pos].time_ns))
-        heap.push_back({r.recs[r.pos].time_ns, r.seq, &r});
+      if (r.pos < r.recs.size()) heap.push_back({r.recs[r.pos].time_ns, r.seq, &r});
   std::make_heap(heap.begin(), heap.end(), later);
   const size_t first = out.size();
   while (!heap.empty()) {
@@ -189,12 +193,12 @@ size_t Merger::release_locked(std::vector<TraceRecord>& out, int64_t limit, bool
     Head h = heap.back();
     heap.pop_back();
     Run& r = *h.run;
-    // Take the run's records up to the next run's head (or the limit) in
-    // one stretch: a device's run usually goes a long way before another
-    // input's record comes between.
+    // Take the run's records up to the next run's head in one stretch: a
+    // device's run usually goes a long way before another input's record
+    // comes between.
     size_t end = r.pos + 1;
     if (heap.empty()) {
-      while (end < r.recs.size() && below(r.recs[end].time_ns)) ++end;
+      end = r.recs.size();
     } else {
       // Up to the next head; at its time too when this run is the older.
       const int64_t until = heap.front().t;
@@ -205,17 +209,10 @@ size_t Merger::release_locked(std::vector<TraceRecord>& out, int64_t limit, bool
     }
     const size_t room = max - (out.size() - first);  // >= 1: checked above
     if (end - r.pos > room) end = r.pos + room;
-    for (size_t i = r.pos; i < end; ++i) {
-      const int64_t t = r.recs[i].time_ns;
-      if (t < released_upto_)
-        ++stats_.late;
-      else
-        released_upto_ = t;
-    }
     out.insert(out.end(), r.recs.begin() + static_cast<ptrdiff_t>(r.pos),
                r.recs.begin() + static_cast<ptrdiff_t>(end));
     r.pos = end;
-    if (r.pos < r.recs.size() && below(r.recs[r.pos].time_ns)) {
+    if (r.pos < r.recs.size()) {
       heap.push_back({r.recs[r.pos].time_ns, r.seq, &r});
       std::push_heap(heap.begin(), heap.end(), later);
     }
@@ -241,11 +238,9 @@ size_t Merger::release_locked(std::vector<TraceRecord>& out, int64_t limit, bool
   return n;
 }
 
-size_t Merger::take_ready(std::vector<TraceRecord>& out, int64_t now, int64_t max_wait_ns,
-                          size_t max_records) {
+size_t Merger::take(std::vector<TraceRecord>& out, int64_t max_wait_ns, size_t max_records,
+                    int64_t* complete) {
   std::unique_lock lock(mu_);
-  // Records held back by the watermark do not count: only new ones may
-  // have moved it, and a writer woken for held records would spin.
   // A take cut short by max_records continues at once.
   if (max_wait_ns > 0 && !capped_ && !kicked_ && pushed_since_take_ < opts_.wake_writer_at) {
     const int64_t wait = pending_.load(std::memory_order_relaxed) == 0
@@ -255,8 +250,17 @@ size_t Merger::take_ready(std::vector<TraceRecord>& out, int64_t now, int64_t ma
   }
   pushed_since_take_ = 0;
   kicked_ = false;
-  now = std::max(now, now_ns());
-  return release_locked(out, watermark_locked(now), false, max_records);
+  // The watermark before the take: no input will push below it.
+  int64_t w = watermark_locked(now_ns());
+  const size_t n = release_locked(out, max_records);
+  // A take cut short leaves the newest records pending: complete only up
+  // to the oldest of those.
+  for (const auto& in : inputs_)
+    for (const auto& r : in->runs_)
+      if (r.pos < r.recs.size()) w = std::min(w, r.recs[r.pos].time_ns);
+  complete_ = std::max(complete_, w);
+  if (complete) *complete = complete_;
+  return n;
 }
 
 void Merger::wake_writer() {
@@ -269,7 +273,7 @@ void Merger::wake_writer() {
 
 size_t Merger::take_all(std::vector<TraceRecord>& out) {
   std::lock_guard lock(mu_);
-  return release_locked(out, INT64_MAX, true, SIZE_MAX);
+  return release_locked(out, SIZE_MAX);
 }
 
 MergeStats Merger::stats() const {

@@ -1,11 +1,18 @@
 // The merge stage of the daemon: a k-way merge of record streams by host
-// time behind a watermark.
+// time, and the watermark that says how far they are complete.
 //
 // Each producer thread (a device drain, the host collector) owns one Input.
 // With every batch (or alone, when it has nothing) it reports a bound: "none
 // of my future records will be older than this host time".  The watermark is
-// the smallest bound of the inputs still open; records older than it are
-// released in time order.  Two rules keep memory bounded:
+// the smallest bound of the inputs still open.  The writer takes every
+// pending record, in time order, as soon as it comes (within its wake, 50
+// ms), with the watermark: the trace file (version 2) gets each take's
+// records as one ordered stretch and then the watermark, and its reader
+// merges the stretches behind the watermarks (docs/trace-format.md).  So the
+// daemon holds a record only until the writer's next take, not until every
+// input has passed its time: what a kill -9 loses, and the daemon's memory,
+// no longer grow with the slowest input's delay.  Two rules keep the
+// watermark moving (a reader's hold bounded):
 //   - an input not heard from (no push, no advance) for `stream_timeout`
 //     (its thread is stuck) no longer holds the watermark back;
 //   - the watermark never lags the present by more than `max_delay`.
@@ -13,21 +20,18 @@
 // while no application is connected) is suspended: it does not hold the
 // watermark back until it is resumed, with a new bound, before any record
 // it could later pass exists.
-// A record that arrives below what was already released is "late": it is
-// still released (next), and counted.
+// A record pushed below a watermark already taken is "late": it is still
+// taken (next), comes out of order in the file, and is counted.
 //
 // How: each input keeps its pending records as sorted runs of bounded size
 // (a batch is sorted by its producer, outside the lock, and appended to the
 // input's last run when it follows it in time, as a device's batches
-// usually do); the writer merges the heads of all runs below the watermark
-// with a heap.  Nothing pending is ever moved again, so the cost per record
-// does not grow with the backlog (the watermark holds device records back
-// for a sync round, about 100 ms of everything), and drained runs' buffers
-// are reused rather than returned to the allocator.
+// usually do); a take merges the heads of all runs with a heap.  Drained
+// runs' buffers are reused rather than returned to the allocator.
 //
 // Threading: push()/advance()/close() from the input's producer thread (one
-// per input); take_ready()/take_all() from the writer thread.  Internally
-// one mutex guards the pending records.
+// per input); take()/take_all() from the writer thread.  Internally one
+// mutex guards the pending records.
 #pragma once
 
 #include <algorithm>
@@ -60,9 +64,9 @@ struct MergeOptions {
 
 struct MergeStats {
   uint64_t pushed = 0;
-  uint64_t released = 0;
-  uint64_t late = 0;      // released after a newer record had been
-  uint64_t pending = 0;   // waiting for the watermark
+  uint64_t released = 0;  // taken by the writer
+  uint64_t late = 0;      // pushed below a watermark already taken
+  uint64_t pending = 0;   // waiting for the writer's next take
   int64_t watermark = 0;  // host ns, as of the stats() call
   std::string held_by;    // the input whose bound is the watermark ("" if none)
 };
@@ -89,12 +93,14 @@ class Merger {
   void resume(Input* in, int64_t bound);
 
   // Writer side: wait up to `max_wait_ns` for enough work (or a close), then
-  // append to `out`, in time order, every record below the watermark at
-  // host time `now`.  Returns how many.
-  // At most max_records at a time: a writer behind a large backlog takes
-  // it in pieces (the next call does not wait) instead of copying it whole.
-  size_t take_ready(std::vector<perfq::TraceRecord>& out, int64_t now, int64_t max_wait_ns,
-                    size_t max_records = SIZE_MAX);
+  // append to `out`, in time order, every pending record.  Returns how many.
+  // At most max_records at a time, the oldest: a writer behind a large
+  // backlog takes it in pieces (the next call does not wait) instead of
+  // copying it whole.  `*complete` (if given) is how far the records taken
+  // so far are complete: every record still pending, or pushed from now on,
+  // is at least that old (late ones aside); it never decreases.
+  size_t take(std::vector<perfq::TraceRecord>& out, int64_t max_wait_ns,
+              size_t max_records = SIZE_MAX, int64_t* complete = nullptr);
   // Everything still pending, in time order (at stop, after every input closed).
   size_t take_all(std::vector<perfq::TraceRecord>& out);
   // The writer's take_ready() in progress (or the next) returns at once.
@@ -116,7 +122,8 @@ class Merger {
 
   bool holds_back_locked(const Input& in, int64_t now) const;
   int64_t watermark_locked(int64_t now) const;
-  size_t release_locked(std::vector<perfq::TraceRecord>& out, int64_t limit, bool all, size_t max);
+  // The oldest `max` pending records, in time order; returns how many.
+  size_t release_locked(std::vector<perfq::TraceRecord>& out, size_t max);
   std::vector<perfq::TraceRecord> take_spare_locked();
   static void sort_batch(Input* in, std::vector<perfq::TraceRecord>& records);
 
@@ -129,9 +136,9 @@ class Merger {
   // Changed under mu_ only; read without it by pending_approx().
   std::atomic<size_t> pending_{0};
   size_t pushed_since_take_ = 0;
-  bool capped_ = false;  // the last take stopped at its max_records
-  bool kicked_ = false;  // wake_writer() since the last take
-  int64_t released_upto_ = INT64_MIN;
+  bool capped_ = false;           // the last take stopped at its max_records
+  bool kicked_ = false;           // wake_writer() since the last take
+  int64_t complete_ = INT64_MIN;  // the last take's watermark: records below it are late
   MergeStats stats_;
 };
 

@@ -324,7 +324,7 @@ json Recording::status() const {
   const auto ms = merger_.stats();
   j["merge"] = {
       {"pending", ms.pending},
-      {"released", ms.released},  // handed to the writer: in the file within 100 ms
+      {"released", ms.released},  // taken by the writer: in the file at once
       {"late", ms.late},
       {"watermark_lag_ms", ms.watermark ? static_cast<double>(now_ns() - ms.watermark) / 1e6 : 0.0},
       {"watermark_held_by", ms.held_by}};

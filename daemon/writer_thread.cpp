@@ -9,12 +9,14 @@
 // written before.  The file is created with the requesting user's
 // file-system identity.
 //
-// What a kill -9 loses (docs/trace-format.md): records the merge still
-// holds (it releases a record once every input has passed its time, about
-// --device-latency-ms after it), and at most kFlushNs of what it released:
-// a partial chunk is written when kFlushNs passed since the last, or when
-// the merge has nothing left (before an idle wait), not only when
-// records_per_chunk are pending (16384 records: 8 s at 2 000 records/s).
+// The file is version 2 (docs/trace-format.md): each take's records, in
+// time order, then the merge's watermark (how far they are complete); the
+// reader merges the takes behind the watermarks.  So what a kill -9 loses
+// is what reached the merge since the writer's last take, at most kTakeNs
+// before the kill (plus the write), whatever the rate and whatever an input
+// still holds back: a take's partial chunk is written with its watermark,
+// not when records_per_chunk are pending (16384 records: 8 s at 2 000
+// records/s).
 #include <sys/fsuid.h>
 #include <unistd.h>
 
@@ -28,8 +30,8 @@ using namespace perfq;
 
 namespace {
 
-constexpr size_t kWriteBatch = 65536;      // records the writer takes from the merger at a time
-constexpr int64_t kFlushNs = 100'000'000;  // released records reach the file within this
+constexpr size_t kWriteBatch = 65536;    // records the writer takes from the merger at a time
+constexpr int64_t kTakeNs = 50'000'000;  // the writer takes what was pushed at least this often
 constexpr int64_t kHostClockEveryNs = 5'000'000'000;  // a snapshot of the host's clocks this often
 
 // Open (create) the trace file with the requesting user's file-system
@@ -44,6 +46,7 @@ Result<TraceWriter> open_as(const RecordingOptions& o, const TraceMetadata& meta
   }
   TraceWriterOptions wo = o.writer;
   wo.replace = o.force;
+  wo.watermarks = true;  // each take's records, then how far they are complete
   auto w = TraceWriter::open(o.output, meta, wo);
   if (switch_id) {
     setfsuid(0);
@@ -116,8 +119,8 @@ void Recording::writer_main() {
     }
     write_failed_ = true;
   };
-  int64_t flushed_ns = now_ns();
-  int64_t clocks_ns = flushed_ns;  // the last snapshot of the host's clocks
+  int64_t clocks_ns = now_ns();  // the last snapshot of the host's clocks
+  bool unmarked = false;         // records written since the last watermark
   auto write = [&](bool all) {
     // Every few seconds, how CLOCK_MONOTONIC stands against CLOCK_REALTIME
     // (the kernel may slew realtime): what lines traces of hosts up.
@@ -128,19 +131,25 @@ void Recording::writer_main() {
       clocks_ns = t;
     }
     out.clear();
+    int64_t complete = INT64_MIN;
     if (all)
       merger_.take_all(out);
     else
-      merger_.take_ready(out, now_ns(), 50'000'000, kWriteBatch);
+      merger_.take(out, kTakeNs, kWriteBatch, &complete);
     if (write_failed_) return;  // keep the merger empty; nothing more can be written
     Status s = write_side_queue();
     if (s && !out.empty()) s = writer_->append_records(out);
-    if (s)
+    if (s) {
       for (const auto& r : out) loss_records_ += r.kind() == PERFQ_KIND_LOST;
-    const int64_t now = now_ns();
-    if (s && (now - flushed_ns >= kFlushNs || merger_.pending_approx() == 0)) {
-      s = writer_->flush();  // a partial chunk (nothing when none is pending)
-      flushed_ns = now;
+      unmarked = unmarked || !out.empty();
+    }
+    // What was taken goes to the file now, a partial chunk included, with
+    // how far the records are complete (the reader's cue to give them out).
+    // At the stop the file's end is the cue.
+    if (s && unmarked && !all) {
+      s = writer_->flush();
+      if (s && complete != INT64_MIN) s = writer_->append_watermark(complete);
+      unmarked = false;
     }
     if (!s) return fail(s);
     std::lock_guard lock(stats_mu_);

@@ -1,12 +1,15 @@
 // The daemon's merge stage: producers on real threads, a writer taking
-// records behind the watermark, checked for order, completeness and bounded
-// waiting.
+// every record with the watermark, checked for order, completeness and
+// bounded waiting, and what a reader of the file they make gets.
 #include <atomic>
 #include <catch2/catch.hpp>
+#include <optional>
 #include <thread>
 
 #include "device/device_clock.h"
 #include "merge.h"
+#include "perfq/trace.h"
+#include "test_util.h"
 
 namespace perfqd {
 namespace {
@@ -22,6 +25,63 @@ TraceRecord rec(uint16_t source, uint64_t index, int64_t t) {
   r.time_ns = t;
   return r;
 }
+
+// What the daemon's writer does with each take (writer_thread.cpp): its
+// records, then the watermark, into a version 2 trace file; read back by
+// the library's reader, which merges the takes behind the watermarks.  It
+// also checks the watermark's promise as the takes come: no record taken
+// after a watermark is below it.
+class FileSink {
+ public:
+  FileSink() : path_(dir_.file("merge.trace")) {
+    perfq::TraceWriterOptions o;
+    o.watermarks = true;
+    o.records_per_chunk = 1000;  // several chunks per take
+    auto w = perfq::TraceWriter::open(path_, perfq::TraceMetadata{}, o);
+    REQUIRE(w);
+    w_.emplace(std::move(w.value()));
+  }
+  void add(std::vector<TraceRecord>& out, int64_t complete) {
+    for (size_t i = 0; i < out.size(); ++i) {
+      below_ += out[i].time_ns < complete_;
+      unsorted_ += i > 0 && out[i].time_ns < out[i - 1].time_ns;
+    }
+    REQUIRE(w_->append_records(out));
+    if (complete != INT64_MIN) {
+      CHECK(complete >= complete_);  // never decreases
+      complete_ = complete;
+      REQUIRE(w_->append_watermark(complete));
+    }
+    out.clear();
+  }
+  uint64_t below_watermark() const { return below_; }
+  uint64_t unsorted() const { return unsorted_; }  // within takes
+  // Closes the file and reads it: every record, as a reader gives them out.
+  std::vector<TraceRecord> read(perfq::TraceReadSummary* summary = nullptr) {
+    REQUIRE(w_->close());
+    auto r = perfq::TraceReader::open(path_);
+    REQUIRE(r);
+    CHECK(r->version() == perfq::kTraceVersion);
+    struct V : perfq::TraceVisitor {
+      std::vector<TraceRecord> recs;
+      perfq::Status on_records(std::span<const TraceRecord> rs) override {
+        recs.insert(recs.end(), rs.begin(), rs.end());
+        return perfq::Status::ok();
+      }
+    } v;
+    REQUIRE(r->read(v));
+    if (summary) *summary = r->summary();
+    return v.recs;
+  }
+
+ private:
+  perfq::TempDir dir_{"merge"};
+  std::string path_;
+  std::optional<perfq::TraceWriter> w_;
+  int64_t complete_ = INT64_MIN;
+  uint64_t below_ = 0;
+  uint64_t unsorted_ = 0;
+};
 
 TEST_CASE("merge: producers on threads, one ordered and complete output", "[merge][daemon]") {
   const int producers = GENERATE(1, 3, 6);
@@ -53,31 +113,35 @@ TEST_CASE("merge: producers on threads, one ordered and complete output", "[merg
       m.close(inputs[static_cast<size_t>(p)]);
       ++done;
     });
+  FileSink sink;
   std::vector<TraceRecord> out;
-  std::vector<uint64_t> next(static_cast<size_t>(producers), 0);
-  int64_t last = INT64_MIN;
-  uint64_t disorder = 0, gaps = 0, total = 0;
-  auto check = [&] {
-    for (const auto& r : out) {
-      if (r.time_ns < last) ++disorder;
-      last = r.time_ns;
-      if (r.rec.index != next[r.source]++) ++gaps;
-      ++total;
-    }
-    out.clear();
-  };
+  uint64_t takes = 0;
   while (done.load() < producers) {
-    m.take_ready(out, now(), 1'000'000);
-    check();
+    int64_t complete = INT64_MIN;
+    m.take(out, 1'000'000, 5000, &complete);
+    sink.add(out, complete);
+    ++takes;
   }
   for (auto& t : threads) t.join();
   m.take_all(out);
-  check();
-  CHECK(total == kPer * static_cast<uint64_t>(producers));
-  CHECK(disorder == 0);
-  CHECK(gaps == 0);
+  sink.add(out, INT64_MIN);
+  CHECK(sink.below_watermark() == 0);
+  CHECK(sink.unsorted() == 0);
   CHECK(m.stats().late == 0);
   CHECK(m.stats().pending == 0);
+  perfq::TraceReadSummary summary;
+  const auto recs = sink.read(&summary);
+  std::vector<uint64_t> next(static_cast<size_t>(producers), 0);
+  uint64_t disorder = 0, gaps = 0;
+  for (size_t i = 0; i < recs.size(); ++i) {
+    if (i > 0 && recs[i].time_ns < recs[i - 1].time_ns) ++disorder;
+    if (recs[i].rec.index != next[recs[i].source]++) ++gaps;
+  }
+  INFO(takes << " takes");
+  CHECK(recs.size() == kPer * static_cast<uint64_t>(producers));
+  CHECK(disorder == 0);
+  CHECK(summary.out_of_order == 0);
+  CHECK(gaps == 0);
 }
 
 TEST_CASE("merge: batches whose streams interleave across batches come out in order",
@@ -90,10 +154,12 @@ TEST_CASE("merge: batches whose streams interleave across batches come out in or
   o.stream_timeout_ns = 60'000'000'000;
   Merger m(o);
   const int64_t t0 = now();
-  auto* dev = m.add_input("dev", t0);
+  auto* dev = m.add_input("dev", t0 - 10000);  // below the lagging stream's first
   constexpr uint64_t kBatches = 400, kPer = 300, kLag = 700;
   uint64_t pushed = 0;
   std::vector<TraceRecord> out;
+  FileSink sink;
+  int64_t complete = INT64_MIN;
   for (uint64_t b = 0; b < kBatches; ++b) {
     std::vector<TraceRecord> batch;
     for (uint64_t i = 0; i < kPer; ++i) {
@@ -110,23 +176,32 @@ TEST_CASE("merge: batches whose streams interleave across batches come out in or
     pushed += batch.size();
     // The bound trails the lagging stream.
     m.push(dev, batch, t0 + static_cast<int64_t>((b + 1) * kPer - kLag) * 10 - 100);
-    if (b % 16 == 0) m.take_ready(out, t0, 0, 777);  // in pieces
+    if (b % 16 == 0) {  // in pieces
+      m.take(out, 0, 777, &complete);
+      sink.add(out, complete);
+    }
   }
   m.close(dev);
-  while (m.take_ready(out, t0, 0, 1000) == 1000) {
-  }
+  while (m.take(out, 0, 1000, &complete) == 1000) sink.add(out, complete);
+  sink.add(out, complete);
   m.take_all(out);
-  REQUIRE(out.size() == pushed);
+  sink.add(out, INT64_MIN);
+  CHECK(sink.below_watermark() == 0);
+  CHECK(sink.unsorted() == 0);
+  CHECK(m.stats().late == 0);
+  CHECK(m.stats().pending == 0);
+  perfq::TraceReadSummary summary;
+  const auto recs = sink.read(&summary);
+  REQUIRE(recs.size() == pushed);
   uint64_t disorder = 0, stream_disorder = 0;
   uint64_t next[2] = {0, 0};
-  for (size_t i = 0; i < out.size(); ++i) {
-    if (i > 0 && out[i].time_ns < out[i - 1].time_ns) ++disorder;
-    if (out[i].rec.index != next[out[i].source]++) ++stream_disorder;
+  for (size_t i = 0; i < recs.size(); ++i) {
+    if (i > 0 && recs[i].time_ns < recs[i - 1].time_ns) ++disorder;
+    if (recs[i].rec.index != next[recs[i].source]++) ++stream_disorder;
   }
   CHECK(disorder == 0);
   CHECK(stream_disorder == 0);
-  CHECK(m.stats().late == 0);
-  CHECK(m.stats().pending == 0);
+  CHECK(summary.out_of_order == 0);
 }
 
 TEST_CASE("merge: a take cut short by its maximum goes on at once with the rest",
@@ -139,11 +214,15 @@ TEST_CASE("merge: a take cut short by its maximum goes on at once with the rest"
     batch.push_back(rec(0, i, t0 - 1'000'000 + static_cast<int64_t>(i)));
   m.push(in, batch, t0);
   std::vector<TraceRecord> out;
-  CHECK(m.take_ready(out, now(), 0, 1000) == 1000);
+  int64_t complete = INT64_MIN;
+  CHECK(m.take(out, 0, 1000, &complete) == 1000);
+  // Complete only up to the oldest record left pending.
+  CHECK(complete == t0 - 1'000'000 + 1000);
   // Nothing new came, but the last take was capped: no wait for the rest.
   const int64_t w0 = now();
-  CHECK(m.take_ready(out, now(), 10'000'000'000, 1000) == 1000);
-  CHECK(m.take_ready(out, now(), 10'000'000'000, 1000) == 500);
+  CHECK(m.take(out, 10'000'000'000, 1000) == 1000);
+  CHECK(m.take(out, 10'000'000'000, 1000, &complete) == 500);
+  CHECK(complete == t0);  // the input's bound, nothing pending
   CHECK(now() - w0 < 5'000'000'000);
   REQUIRE(out.size() == 2500);
   for (size_t i = 0; i < out.size(); ++i) CHECK(out[i].rec.index == i);
@@ -162,17 +241,21 @@ TEST_CASE("merge: a silent input stops holding the watermark after its timeout",
   std::vector<TraceRecord> batch{rec(0, 0, t0 + 1000)};
   m.push(live, batch, t0 + 2000);
   std::vector<TraceRecord> out;
-  // Within the timeout the stalled input holds the record back...
-  m.take_ready(out, now(), 0);
-  if (now() - t0 < 40'000'000) CHECK(out.empty());
-  // ...after it, the record is released.
-  const int64_t deadline = now() + 5'000'000'000;
-  while (out.empty() && now() < deadline) {
-    m.advance(live, now());
-    m.take_ready(out, now(), 5'000'000);
-  }
+  // The record is taken at once, but within the timeout the stalled input
+  // holds the watermark at its bound...
+  int64_t complete = INT64_MIN;
+  m.take(out, 0, SIZE_MAX, &complete);
   REQUIRE(out.size() == 1);
   CHECK(out[0].time_ns == t0 + 1000);
+  if (now() - t0 < 40'000'000) CHECK(complete == t0);
+  // ...after it, the watermark follows the live input.
+  const int64_t deadline = now() + 5'000'000'000;
+  while (complete < t0 + 2000 && now() < deadline) {
+    m.advance(live, now());
+    m.take(out, 5'000'000, SIZE_MAX, &complete);
+  }
+  CHECK(complete >= t0 + 2000);
+  CHECK(now() - t0 >= 50'000'000);
 }
 
 TEST_CASE("merge: a suspended input does not hold the watermark, and holds it again once resumed",
@@ -187,27 +270,36 @@ TEST_CASE("merge: a suspended input does not hold the watermark, and holds it ag
   std::vector<TraceRecord> batch{rec(1, 0, t0 + 1000), rec(1, 1, t0 + 3000)};
   m.push(dev, batch, t0 + 5000);
   std::vector<TraceRecord> out;
-  m.take_ready(out, now(), 0);
-  CHECK(out.empty());  // the host input holds them back
+  FileSink sink;
+  int64_t complete = INT64_MIN;
+  m.take(out, 0, SIZE_MAX, &complete);
+  CHECK(out.size() == 2);
+  CHECK(complete == t0 - 1'000'000'000);  // the host input holds the watermark
+  sink.add(out, complete);
   m.suspend(host);
-  m.take_ready(out, now(), 0);
-  REQUIRE(out.size() == 2);  // the device's bound alone releases them
-  // Resumed with a bound between the device's next records: it holds back
-  // those above it again, and its own record lands in order among them.
+  m.take(out, 0, SIZE_MAX, &complete);
+  CHECK(complete == t0 + 5000);  // the device's bound alone
+  sink.add(out, complete);
+  // Resumed with a bound between the device's next records: it holds the
+  // watermark there again, and its own record lands in order among them.
   m.resume(host, t0 + 6000);
   std::vector<TraceRecord> more{rec(1, 2, t0 + 5500), rec(1, 3, t0 + 7000)};
   m.push(dev, more, t0 + 9000);
-  out.clear();
-  m.take_ready(out, now(), 0);
-  REQUIRE(out.size() == 1);
-  CHECK(out[0].time_ns == t0 + 5500);
+  m.take(out, 0, SIZE_MAX, &complete);
+  CHECK(complete == t0 + 6000);
+  sink.add(out, complete);
   std::vector<TraceRecord> h{rec(0, 0, t0 + 6500)};
   m.push(host, h, t0 + 8000);
-  m.take_ready(out, now(), 0);
-  REQUIRE(out.size() == 3);
-  CHECK(out[1].time_ns == t0 + 6500);
-  CHECK(out[2].time_ns == t0 + 7000);
+  m.take(out, 0, SIZE_MAX, &complete);
+  CHECK(complete == t0 + 8000);
+  sink.add(out, complete);
   CHECK(m.stats().late == 0);
+  CHECK(sink.below_watermark() == 0);
+  CHECK(sink.unsorted() == 0);
+  const auto recs = sink.read();
+  REQUIRE(recs.size() == 5);
+  for (size_t i = 1; i < recs.size(); ++i) CHECK(recs[i - 1].time_ns <= recs[i].time_ns);
+  CHECK(recs[3].time_ns == t0 + 6500);
 }
 
 TEST_CASE("merge: an idle writer's long wait ends at once when it is woken", "[merge][daemon]") {
@@ -218,7 +310,7 @@ TEST_CASE("merge: an idle writer's long wait ends at once when it is woken", "[m
   std::atomic<bool> returned{false};
   std::thread writer([&] {
     std::vector<TraceRecord> out;
-    m.take_ready(out, now(), 50'000'000);
+    m.take(out, 50'000'000);
     returned = true;
   });
   const int64_t t0 = now();
@@ -238,15 +330,17 @@ TEST_CASE("merge: the watermark never lags more than the maximum delay", "[merge
   std::vector<TraceRecord> batch{rec(0, 0, t0)};
   m.push(slow, batch, t0 - 1'000'000'000);
   std::vector<TraceRecord> out;
+  int64_t complete = INT64_MIN;
   const int64_t deadline = now() + 5'000'000'000;
-  while (out.empty() && now() < deadline) m.take_ready(out, now(), 5'000'000);
+  while (complete <= t0 && now() < deadline) m.take(out, 5'000'000, SIZE_MAX, &complete);
   REQUIRE(out.size() == 1);
+  CHECK(complete > t0);  // the present less the max delay, past the slow input's bound
   CHECK(now() - t0 >= 30'000'000);
-  // A record older than what was released is still written, and counted late.
+  // A record older than the watermark taken is still taken, and counted late.
   std::vector<TraceRecord> late{rec(0, 1, t0 - 500'000'000)};
   m.push(slow, late, t0);
   out.clear();
-  m.take_ready(out, now(), 0);
+  m.take(out, 0);
   CHECK(out.size() == 1);
   CHECK(m.stats().late == 1);
 }

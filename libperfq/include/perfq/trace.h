@@ -37,21 +37,32 @@ namespace perfq {
 // File-level constants
 
 inline constexpr char kTraceMagic[8] = {'P', 'E', 'R', 'F', 'Q', 'T', 'R', 'C'};
-inline constexpr uint32_t kTraceVersion = 1;
+// Version 1: records chunks follow one another in host-time order.
+// Version 2: each records chunk is in host-time order, but chunks overlap;
+// watermark chunks say how far the records are complete, and a reader
+// merges the chunks behind them (what perfq-daemon writes: a record reaches
+// the file within 100 ms, not once every input has passed its time).
+// kTraceVersion is the newest this library reads and writes.
+inline constexpr uint32_t kTraceVersionOrdered = 1;
+inline constexpr uint32_t kTraceVersion = 2;
 inline constexpr size_t kTraceFileHeaderSize = 32;
 inline constexpr size_t kTraceChunkHeaderSize = 24;
 inline constexpr uint32_t kTraceChunkMagic = 0x4b435150;  // "PQCK" little-endian
 // Upper bound of a chunk payload, stored or decompressed.  A header claiming
 // more is corrupt; this bounds the reader's memory.
 inline constexpr uint32_t kTraceMaxChunkBytes = 16u << 20;
+// A version 2 file's records a reader holds at most, waiting for a
+// watermark (192 MiB); past it, it gives out the oldest half.
+inline constexpr size_t kTraceMaxHeldRecords = size_t{4} << 20;
 
 enum class ChunkType : uint16_t {
   kMetadata = 1,     // JSON text (TraceMetadata)
-  kRecords = 2,      // TraceRecord[] in host-time order, 48 B each
+  kRecords = 2,      // TraceRecord[] in host-time order (within the chunk), 48 B each
   kSyncSamples = 3,  // TraceSyncSample[], 56 B each
   kClockModels = 4,  // TraceClockModel[], 64 B each
   kLoss = 5,         // TraceLoss[], 32 B each
   kEnd = 6,          // TraceEnd: the writer closed the file cleanly
+  kWatermark = 7,    // s64 host ns: records in later chunks are no older (version 2)
 };
 const char* chunk_type_name(uint16_t type);
 
@@ -338,6 +349,11 @@ struct TraceWriterOptions {
   // left alone and open() fails with Errc::kExists (O_EXCL, decided as the
   // file is created, so no other writer slips in between).
   bool replace = true;
+  // Records may be appended out of time order across flushes (each flush's
+  // records in order), with append_watermark() saying how far they are
+  // complete: a version 2 file, whose reader merges its chunks.  Off: the
+  // caller appends every record in time order (a version 1 file).
+  bool watermarks = false;
 };
 
 // Appends to a new trace file.  Records are buffered and written as one chunk
@@ -359,6 +375,12 @@ class TraceWriter {
   Status append_sync_samples(std::span<const TraceSyncSample> samples);
   Status append_clock_model(const TraceClockModel& model);
   Status append_loss(const TraceLoss& loss);
+  // (options.watermarks) Every record appended after this has a time_ns of
+  // at least `host_ns`, and the records appended before it are complete up
+  // to there: a reader may give out, in time order, every record older than
+  // it.  Flushes pending records first (a chunk must not span two stretches
+  // appended in time order each); only increasing values are written.
+  Status append_watermark(int64_t host_ns);
   Status flush();  // writes pending records as a chunk
   Status close();  // flush, END chunk, fsync, close
 
@@ -375,7 +397,12 @@ class TraceWriter {
 // ---------------------------------------------------------------------------
 // Reader
 
-// Receives the content of a trace in file order.  Spans are valid only during
+// Receives the content of a trace in file order, its records in host-time
+// order: a version 2 file's records chunks overlap, and the reader holds
+// their records until a watermark chunk (or the file's end, its END chunk or
+// the first corrupt chunk) says none older can follow, then gives them out
+// merged.  A record that a writer appended below a watermark it had written
+// (late) comes out of order, as it was written.  Spans are valid only during
 // the call.  A non-ok return stops the reading and is returned by read().
 class TraceVisitor {
  public:
@@ -400,7 +427,11 @@ struct TraceProblem {
 struct TraceReadSummary {
   uint64_t chunks = 0;   // complete chunks read
   uint64_t records = 0;  // records delivered (a duplicated chunk's are not)
-  uint64_t bytes = 0;    // offset just past the last complete chunk
+  // Records given out after a newer one had been: in a version 2 file,
+  // appended below a watermark already written, or beyond what the reader
+  // holds; in a version 1 file, any (its writer appended them so).
+  uint64_t out_of_order = 0;
+  uint64_t bytes = 0;  // offset just past the last complete chunk
   // The last chunk is an END chunk whose counts match what came before it
   // (the writer closed the file, and nothing was added or lost since).
   bool clean_end = false;
@@ -417,7 +448,8 @@ struct TraceReadSummary {
 // "PATH: byte offset N: chunk K (type): reason" after delivering every chunk
 // before it; error_offset() is that N.  A fault of the file's structure
 // (TraceReadSummary::problems) does not stop it.  Never reads past a chunk it
-// did not validate, never allocates more than kTraceMaxChunkBytes twice.
+// did not validate, never allocates more than kTraceMaxChunkBytes twice
+// (and, for a version 2 file, kTraceMaxHeldRecords records held).
 class TraceReader {
  public:
   static Result<TraceReader> open(const std::string& path);

@@ -14,6 +14,7 @@ inline constexpr size_t kSyncSampleSize = 56;
 inline constexpr size_t kClockModelSize = 64;
 inline constexpr size_t kLossSize = 32;
 inline constexpr size_t kEndSize = 16;
+inline constexpr size_t kWatermarkSize = 8;
 
 template <class T>
 inline void put(uint8_t* p, T v) {

@@ -321,6 +321,8 @@ const char* chunk_type_name(uint16_t type) {
       return "loss";
     case ChunkType::kEnd:
       return "end";
+    case ChunkType::kWatermark:
+      return "watermark";
   }
   return "unknown";
 }

@@ -6,6 +6,8 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <functional>
+#include <span>
 #include <string_view>
 #include <unordered_map>
 #include <vector>
@@ -77,7 +79,30 @@ struct TraceReader::Impl {
   // Records chunks by their checksum and first record: a repeat is a copy.
   std::unordered_map<uint64_t, uint64_t> records_chunks;  // key -> offset
 
+  // A version 2 file's records, held until a watermark: one run per
+  // records chunk (each in time order), oldest first.
+  struct HeldRun {
+    std::vector<TraceRecord> recs;
+    size_t pos = 0;  // recs[pos..] are held
+  };
+  std::vector<HeldRun> held;
+  std::vector<std::vector<TraceRecord>> held_spare;  // drained runs' buffers
+  size_t held_count = 0;
+  int64_t last_out = INT64_MIN;     // time of the newest record given out
+  std::vector<TraceRecord> merged;  // a batch being given out
+
   Status read(TraceVisitor& v);
+  // Hands records to v, counting those older than one given out before.
+  void give(std::span<const TraceRecord> recs, TraceVisitor& v, Status& s);
+  // Gives out, merged in time order, the held records older than `limit`
+  // (`all`: every one), at most `max` of them; v's answer in s.
+  void release(TraceVisitor& v, int64_t limit, bool all, size_t max, Status& s);
+  // Everything held (at the file's end, its END chunk or a corrupt chunk).
+  Status release_all(TraceVisitor& v) {
+    Status s;
+    release(v, INT64_MAX, true, SIZE_MAX, s);
+    return s;
+  }
 
   // A chunk whose header and checksum were checked, its payload
   // decompressed (into stored or raw).
@@ -129,9 +154,11 @@ Result<TraceReader> TraceReader::open(const std::string& path) {
                               path, crc, crc32c(h, 28)));
   }
   impl->version = get<uint32_t>(h + 8);
-  if (impl->version != kTraceVersion) {
-    return Status(Errc::kCorrupt, fmt::format("{}: byte offset 8: trace version {} is not {}", path,
-                                              impl->version, kTraceVersion));
+  if (impl->version != kTraceVersionOrdered && impl->version != kTraceVersion) {
+    return Status(Errc::kCorrupt,
+                  fmt::format("{}: byte offset 8: trace version {} is not {} or {} (a newer perfq "
+                              "wrote it?)",
+                              path, impl->version, kTraceVersionOrdered, kTraceVersion));
   }
   if (get<uint32_t>(h + 12) != kTraceFileHeaderSize) {
     return Status(Errc::kCorrupt, fmt::format("{}: byte offset 12: header size {} is not {}", path,
@@ -153,25 +180,35 @@ Status TraceReader::Impl::read(TraceVisitor& v) {
   end_seen.reset();
   end_followed = false;
   records_chunks.clear();
+  held.clear();
+  held_count = 0;
+  last_out = INT64_MIN;
+  // What ends the reading short of a visitor's refusal gives out what is
+  // held first: everything before the failure has been delivered.
+  auto ending = [&](Status result) {
+    Status s = release_all(v);
+    return result.is_ok() ? s : result;
+  };
   uint64_t off = kTraceFileHeaderSize;
   uint64_t chunk_no = 0;
   for (;; ++chunk_no) {
     uint8_t h[kTraceChunkHeaderSize];
     ssize_t n = read_at(off, h, sizeof h);
-    if (n < 0) return Status::from_errno(fmt::format("{}: read at byte offset {}", path, off));
+    if (n < 0)
+      return ending(Status::from_errno(fmt::format("{}: read at byte offset {}", path, off)));
     if (n == 0) {  // ends at a chunk boundary
       summary.clean_end = summary.clean_end && end_seen.has_value();
-      return Status::ok();
+      return ending(Status::ok());
     }
     Chunk c;
     if (Status e = load_chunk(off, chunk_no, h, static_cast<size_t>(n), c); !e.is_ok()) {
       summary.clean_end = false;  // whatever an END said, the file goes on
-      return e;
+      return ending(e);
     }
     const uint64_t next = off + kTraceChunkHeaderSize + c.stored_len;
     Status s;
     if (structure(off, chunk_no, c)) {
-      if (Status e = deliver(off, chunk_no, c, v, s); !e.is_ok()) return e;
+      if (Status e = deliver(off, chunk_no, c, v, s); !e.is_ok()) return ending(e);
     }
     summary.chunks = chunk_no + 1;
     summary.bytes = next;
@@ -303,10 +340,39 @@ Status TraceReader::Impl::deliver(uint64_t off, uint64_t chunk_no, const Chunk& 
     }
     case ChunkType::kRecords: {
       if (Status c = check_count(kRecordSize); !c.is_ok()) return c;
-      records.resize(count);
-      for (uint32_t i = 0; i < count; ++i) decode(payload + size_t{i} * kRecordSize, records[i]);
       summary.records += count;
-      s = v.on_records(records);
+      if (version < kTraceVersion) {  // in time order as written: passed on
+        records.resize(count);
+        for (uint32_t i = 0; i < count; ++i) decode(payload + size_t{i} * kRecordSize, records[i]);
+        give(records, v, s);
+        break;
+      }
+      std::vector<TraceRecord> run;
+      if (!held_spare.empty()) {
+        run = std::move(held_spare.back());
+        held_spare.pop_back();
+      }
+      run.resize(count);
+      for (uint32_t i = 0; i < count; ++i) decode(payload + size_t{i} * kRecordSize, run[i]);
+      // Each chunk is in time order (a writer's promise; kept if broken).
+      auto earlier = [](const TraceRecord& a, const TraceRecord& b) {
+        return a.time_ns < b.time_ns;
+      };
+      if (!std::is_sorted(run.begin(), run.end(), earlier))
+        std::stable_sort(run.begin(), run.end(), earlier);
+      held.push_back({std::move(run), 0});
+      held_count += count;
+      // Past the hold's limit, the oldest half goes out (a record in a
+      // later chunk older than those then comes out of order).
+      if (held_count > kTraceMaxHeldRecords)
+        release(v, INT64_MAX, true, held_count - kTraceMaxHeldRecords / 2, s);
+      break;
+    }
+    case ChunkType::kWatermark: {
+      if (count != 1 || raw_len != kWatermarkSize) {
+        return corrupt(off, chunk_no, type, fmt::format("watermark chunk of {} bytes", raw_len));
+      }
+      release(v, get<int64_t>(payload), false, SIZE_MAX, s);
       break;
     }
     case ChunkType::kSyncSamples: {
@@ -336,6 +402,7 @@ Status TraceReader::Impl::deliver(uint64_t off, uint64_t chunk_no, const Chunk& 
         return corrupt(off, chunk_no, type, fmt::format("end chunk of {} bytes", raw_len));
       }
       TraceEnd e{get<uint64_t>(payload), get<uint64_t>(payload + 8)};
+      if (s = release_all(v); !s.is_ok()) break;
       if (e.records != summary.records || e.chunks != chunk_no) {
         problem(off, chunk_no, type,
                 fmt::format("the end chunk counts {} records in {} chunks; the file holds {} "
@@ -353,6 +420,70 @@ Status TraceReader::Impl::deliver(uint64_t off, uint64_t chunk_no, const Chunk& 
       break;
   }
   return Status::ok();
+}
+
+void TraceReader::Impl::give(std::span<const TraceRecord> recs, TraceVisitor& v, Status& s) {
+  for (const TraceRecord& r : recs) {
+    if (r.time_ns < last_out)
+      ++summary.out_of_order;
+    else
+      last_out = r.time_ns;
+  }
+  s = v.on_records(recs);
+}
+
+void TraceReader::Impl::release(TraceVisitor& v, int64_t limit, bool all, size_t max, Status& s) {
+  constexpr size_t kBatch = 16384;
+  auto below = [&](const TraceRecord& r) { return all || r.time_ns < limit; };
+  // A min-heap of the runs whose head is below the limit, by (time, run):
+  // on equal times the earlier chunk's record goes first.
+  using Head = std::pair<int64_t, size_t>;
+  std::vector<Head> heap;
+  for (size_t i = 0; i < held.size(); ++i) {
+    const HeldRun& r = held[i];
+    if (r.pos < r.recs.size() && below(r.recs[r.pos])) heap.emplace_back(r.recs[r.pos].time_ns, i);
+  }
+  std::make_heap(heap.begin(), heap.end(), std::greater<>());
+  merged.clear();
+  size_t taken = 0;
+  while (!heap.empty() && taken < max && s.is_ok()) {
+    std::pop_heap(heap.begin(), heap.end(), std::greater<>());
+    const size_t i = heap.back().second;
+    heap.pop_back();
+    HeldRun& r = held[i];
+    // The run's records up to the next run's head, in one stretch.
+    size_t end = r.pos + 1;
+    while (end < r.recs.size() && below(r.recs[end]) && taken + (end - r.pos) < max &&
+           (heap.empty() || Head(r.recs[end].time_ns, i) < heap.front()))
+      ++end;
+    merged.insert(merged.end(), r.recs.begin() + static_cast<ptrdiff_t>(r.pos),
+                  r.recs.begin() + static_cast<ptrdiff_t>(end));
+    taken += end - r.pos;
+    r.pos = end;
+    if (r.pos < r.recs.size() && below(r.recs[r.pos])) {
+      heap.emplace_back(r.recs[r.pos].time_ns, i);
+      std::push_heap(heap.begin(), heap.end(), std::greater<>());
+    }
+    if (merged.size() >= kBatch) {
+      give(merged, v, s);
+      merged.clear();
+    }
+  }
+  if (!merged.empty() && s.is_ok()) give(merged, v, s);
+  merged.clear();
+  held_count -= taken;
+  // Drop drained runs, keeping a few buffers.
+  auto keep = held.begin();
+  for (auto it = held.begin(); it != held.end(); ++it) {
+    if (it->pos < it->recs.size()) {
+      if (keep != it) *keep = std::move(*it);
+      ++keep;
+    } else if (held_spare.size() < 4) {
+      it->recs.clear();
+      held_spare.push_back(std::move(it->recs));
+    }
+  }
+  held.erase(keep, held.end());
 }
 
 }  // namespace perfq

@@ -4,6 +4,7 @@
 #include <zstd.h>
 
 #include <cerrno>
+#include <optional>
 #include <vector>
 
 #include <fmt/format.h>
@@ -27,6 +28,7 @@ struct TraceWriter::Impl {
   uint64_t records = 0;
   uint64_t bytes = 0;
   uint64_t chunks = 0;
+  std::optional<int64_t> watermark;  // the last one written
   bool closed = false;
 
   ~Impl() {
@@ -151,7 +153,7 @@ Result<TraceWriter> TraceWriter::open(const std::string& path, const TraceMetada
 
   uint8_t header[kTraceFileHeaderSize] = {};
   std::memcpy(header, kTraceMagic, 8);
-  put<uint32_t>(header + 8, kTraceVersion);
+  put<uint32_t>(header + 8, options.watermarks ? kTraceVersion : kTraceVersionOrdered);
   put<uint32_t>(header + 12, static_cast<uint32_t>(kTraceFileHeaderSize));
   put<uint64_t>(header + 16, 0);  // flags, none defined
   put<uint32_t>(header + 24, 0);
@@ -213,6 +215,21 @@ Status TraceWriter::append_loss(const TraceLoss& loss) {
   d.raw.resize(kLossSize);
   encode(d.raw.data(), loss);
   return d.write_chunk(ChunkType::kLoss, 1, false);
+}
+
+Status TraceWriter::append_watermark(int64_t host_ns) {
+  Impl& d = *impl_;
+  if (!d.options.watermarks)
+    return Status(Errc::kInvalidArgument,
+                  d.path + ": a watermark in a trace opened without watermarks (version 1)");
+  // What was appended so far is one stretch in time order, whatever follows.
+  if (Status s = d.flush_records(); !s.is_ok()) return s;
+  if (d.watermark && host_ns <= *d.watermark) return d.failed;
+  d.raw.resize(kWatermarkSize);
+  put<int64_t>(d.raw.data(), host_ns);
+  Status s = d.write_chunk(ChunkType::kWatermark, 1, false);
+  if (s.is_ok()) d.watermark = host_ns;
+  return s;
 }
 
 Status TraceWriter::flush() {
