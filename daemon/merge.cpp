@@ -119,7 +119,8 @@ void Merger::push(Input* in, std::vector<TraceRecord>& records, int64_t bound) {
     stats_.pushed += records.size();
     if (bound > in->bound_) in->bound_ = bound;
     in->heard_at_ = now;
-    wake = pushed_since_take_ >= opts_.wake_writer_at;
+    wake = pushed_since_take_ >= opts_.wake_writer_at || (idle_waiting_ && !records.empty());
+    if (wake) idle_waiting_ = false;  // one wake for the first push
   }
   records.clear();
   if (wake) wake_.notify_one();
@@ -242,11 +243,19 @@ size_t Merger::take(std::vector<TraceRecord>& out, int64_t max_wait_ns, size_t m
                     int64_t* complete) {
   std::unique_lock lock(mu_);
   // A take cut short by max_records continues at once.
-  if (max_wait_ns > 0 && !capped_ && !kicked_ && pushed_since_take_ < opts_.wake_writer_at) {
-    const int64_t wait = pending_.load(std::memory_order_relaxed) == 0
-                             ? std::max(max_wait_ns, opts_.idle_wait_ns)
-                             : max_wait_ns;
-    wake_.wait_for(lock, std::chrono::nanoseconds(wait));
+  auto quiet = [&] { return !capped_ && !kicked_ && pushed_since_take_ < opts_.wake_writer_at; };
+  if (max_wait_ns > 0 && quiet()) {
+    if (pending_.load(std::memory_order_relaxed) == 0) {
+      // Idle: a long wait, which the first push ends; its records then
+      // wait max_wait_ns like any (not the rest of the idle wait).
+      idle_waiting_ = true;
+      wake_.wait_for(lock, std::chrono::nanoseconds(std::max(max_wait_ns, opts_.idle_wait_ns)));
+      idle_waiting_ = false;
+      if (pending_.load(std::memory_order_relaxed) > 0 && quiet())
+        wake_.wait_for(lock, std::chrono::nanoseconds(max_wait_ns));
+    } else {
+      wake_.wait_for(lock, std::chrono::nanoseconds(max_wait_ns));
+    }
   }
   pushed_since_take_ = 0;
   kicked_ = false;

@@ -58,7 +58,8 @@ struct MergeOptions {
   int64_t stream_timeout_ns = 500'000'000;  // a silent input stops holding it
   size_t wake_writer_at = 1 << 16;  // records pushed since the last take that wake the writer
   // The writer's wait while nothing at all is pending (an idle recording:
-  // every wakeup costs CPU), instead of take_ready()'s max_wait_ns.
+  // every wakeup costs CPU), instead of take()'s max_wait_ns; the first
+  // push ends it, and its records wait max_wait_ns.
   int64_t idle_wait_ns = 250'000'000;
 };
 
@@ -138,6 +139,7 @@ class Merger {
   size_t pushed_since_take_ = 0;
   bool capped_ = false;           // the last take stopped at its max_records
   bool kicked_ = false;           // wake_writer() since the last take
+  bool idle_waiting_ = false;     // the writer waits with nothing pending
   int64_t complete_ = INT64_MIN;  // the last take's watermark: records below it are late
   MergeStats stats_;
 };

@@ -320,6 +320,31 @@ TEST_CASE("merge: an idle writer's long wait ends at once when it is woken", "[m
   CHECK(now() - t0 < 30'000'000'000);
 }
 
+// A record pushed while the writer waits with nothing pending (its long idle
+// wait) is taken within the writer's max wait, not the idle wait's rest:
+// what a crash may lose is bounded by the max wait at any rate.
+TEST_CASE("merge: a record pushed during an idle wait is taken within the max wait",
+          "[merge][daemon]") {
+  MergeOptions o;
+  o.idle_wait_ns = 60'000'000'000;
+  Merger m(o);
+  auto* in = m.add_input("in", now());
+  std::atomic<int64_t> returned_at{0};
+  std::vector<TraceRecord> out;
+  std::thread writer([&] {
+    m.take(out, 50'000'000);  // nothing pending: the idle wait
+    returned_at = now();
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));  // well into it
+  const int64_t pushed_at = now();
+  std::vector<TraceRecord> batch{rec(0, 0, pushed_at)};
+  m.push(in, batch, pushed_at);
+  writer.join();
+  REQUIRE(out.size() == 1);
+  // 50 ms after the push, and the thread's wake; not 60 s.
+  CHECK(returned_at - pushed_at < 10'000'000'000);
+}
+
 TEST_CASE("merge: the watermark never lags more than the maximum delay", "[merge][daemon]") {
   MergeOptions o;
   o.max_delay_ns = 30'000'000;
