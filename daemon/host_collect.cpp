@@ -54,7 +54,7 @@ void Daemon::collector_main() {
   // quarter second (a default 64 Ki-record ring holds 10 ms at 6 M records/s).
   Backoff busy(std::chrono::microseconds(2000), 64, std::chrono::microseconds(10000),
                std::chrono::microseconds(250000));
-  std::map<uint16_t, TraceSource> sources;  // every source seen, for new recordings
+  std::map<uint16_t, TraceSource> sources;  // the live applications', for new recordings
   std::shared_ptr<Recording> attached;      // the recording the collector last fed
   while (!quit_) {
     std::shared_ptr<Recording> rec;
@@ -79,6 +79,9 @@ void Daemon::collector_main() {
         full ? SIZE_MAX : kHostDrainPerRing);
     auto changed = apps_.take_changed_sources();
     for (const auto& s : changed) sources[s.id] = s;
+    // An application that ended is no source of a later recording (it was
+    // listed in every new trace, and the collector kept them all).
+    for (const uint16_t id : apps_.take_gone_sources()) sources.erase(id);
     auto losses = apps_.take_losses(t0);
     if (rec) {
       const int64_t grace = rec->options().host_grace_ns;

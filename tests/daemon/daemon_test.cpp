@@ -754,6 +754,48 @@ TEST_CASE("daemon: applications that start early, exit mid-recording or are kill
   CHECK(ejs["connections"].get<uint64_t>() >= 1);
 }
 
+// An application that ended before a recording started is not one of its
+// sources: the daemon's collector kept every application it had ever seen
+// and listed them all in each new trace (and its memory grew with them: the
+// soak's peak RSS rose 1 MiB per recording of 117 applications).
+TEST_CASE("daemon: an application that ended before a recording is not among its sources",
+          "[daemon][process]") {
+  TempDir dir("daemon-gone-app");
+  const std::string trace = dir.file("gone.trace");
+  const std::string sock = dir.file("perfqd.sock");
+  const std::string app = kBin + "/perfq_test_app";
+  Daemon d(dir);
+  Child gone({app, sock, "record", "1", "100"});
+  REQUIRE(gone.wait(std::chrono::seconds(static_cast<int>(30 * kSlow))));
+  REQUIRE(gone.exit_code() == 0);
+  const auto gone_pid = static_cast<uint32_t>(gone.pid());
+  // Its streams leave the daemon's status once its ring is emptied.
+  auto listed = [&] {
+    const json j = json::parse(ctl(d, {"status", "--json"})->out(), nullptr, false);
+    if (!j.is_object()) return true;
+    for (const auto& s : j["app_streams"])
+      if (s.value("pid", 0u) == gone_pid) return true;
+    return false;
+  };
+  REQUIRE(wait_for([&] { return !listed(); }, std::chrono::seconds(static_cast<int>(10 * kSlow))));
+  auto st = ctl(d, {"start", "-o", trace});
+  INFO("start: " << st->out() << st->err());
+  REQUIRE(st->exit_code() == 0);
+  Child live({app, sock, "record", "1", "100"});
+  REQUIRE(live.wait(std::chrono::seconds(static_cast<int>(30 * kSlow))));
+  REQUIRE(ctl(d, {"stop"})->exit_code() == 0);
+  bool clean = false;
+  const TraceContent t = read_trace(trace, &clean);
+  CHECK(clean);
+  bool has_live = false, has_gone = false;
+  for (const auto& s : t.meta.sources) {
+    has_live |= s.pid == static_cast<uint32_t>(live.pid());
+    has_gone |= s.pid == gone_pid;
+  }
+  CHECK(has_live);
+  CHECK_FALSE(has_gone);
+}
+
 // The id of a user and group made for the test (root only).
 struct TestUser {
   uid_t uid = 0;

@@ -15,6 +15,7 @@
 #include <nlohmann/json.hpp>
 #include <thread>
 #include <unordered_map>
+#include <utility>
 
 #include "app/app_proto.h"
 #include "core/spsc_ring.h"
@@ -68,6 +69,18 @@ struct App {
   uint32_t next_stream = 0;                  // under mu
 };
 
+// What a recording's metadata says of an application (under mu).
+TraceSource source_of(const App& a) {
+  TraceSource s;
+  s.id = a.source;
+  s.kind = TraceSourceKind::kHost;
+  s.name = a.name;
+  s.pid = a.pid;
+  s.events = a.events;
+  s.threads = a.threads;
+  return s;
+}
+
 }  // namespace
 
 struct HostApps::Impl {
@@ -78,6 +91,8 @@ struct HostApps::Impl {
   bool recording;                          // under mu
   std::vector<std::shared_ptr<App>> apps;  // under mu; connected or with rings left
   uint32_t next_source = 0;                // under mu
+  std::vector<uint16_t> gone;              // under mu: sources of applications dropped
+  std::vector<TraceSource> departed;       // under mu: their changes not yet taken
   bool stopping = false;                   // under mu
   UniqueFd wake;                           // eventfd: wakes the I/O thread
   std::thread io;
@@ -486,8 +501,12 @@ size_t HostApps::drain(const Sink& sink, size_t max_per_ring) {
   {
     std::lock_guard l(impl_->mu);
     impl_->apps.erase(std::remove_if(impl_->apps.begin(), impl_->apps.end(),
-                                     [](const std::shared_ptr<App>& a) {
-                                       return !a->connected && a->rings.empty() && !a->changed;
+                                     [&](const std::shared_ptr<App>& a) {
+                                       if (a->connected || !a->rings.empty()) return false;
+                                       // Its last change still reaches the recording.
+                                       if (a->changed) impl_->departed.push_back(source_of(*a));
+                                       impl_->gone.push_back(a->source);
+                                       return true;
                                      }),
                       impl_->apps.end());
   }
@@ -495,21 +514,19 @@ size_t HostApps::drain(const Sink& sink, size_t max_per_ring) {
 }
 
 std::vector<TraceSource> HostApps::take_changed_sources() {
-  std::vector<TraceSource> out;
   std::lock_guard l(impl_->mu);
+  std::vector<TraceSource> out = std::exchange(impl_->departed, {});
   for (auto& a : impl_->apps) {
     if (!a->changed) continue;
     a->changed = false;
-    TraceSource s;
-    s.id = a->source;
-    s.kind = TraceSourceKind::kHost;
-    s.name = a->name;
-    s.pid = a->pid;
-    s.events = a->events;
-    s.threads = a->threads;
-    out.push_back(std::move(s));
+    out.push_back(source_of(*a));
   }
   return out;
+}
+
+std::vector<uint16_t> HostApps::take_gone_sources() {
+  std::lock_guard l(impl_->mu);
+  return std::exchange(impl_->gone, {});
 }
 
 std::vector<TraceLoss> HostApps::take_losses(int64_t now_ns) {

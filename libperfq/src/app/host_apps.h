@@ -94,6 +94,10 @@ class HostApps {
   // Collector thread: applications that connected, or registered more
   // events, since the last call (kind kHost, id, pid, name, all events).
   std::vector<TraceSource> take_changed_sources();
+  // Collector thread: the sources of applications that ended and whose
+  // rings were emptied, since the last call: a new recording must not list
+  // them (their ids are not reused).
+  std::vector<uint16_t> take_gone_sources();
 
   // Collector thread: records the applications could not record because a
   // ring was full (reason kHostRingFull, from the ring header's `lost`) and
