@@ -147,14 +147,13 @@ void Recording::writer_main() {
     // how far the records are complete (the reader's cue to give them out).
     // At the stop the file's end is the cue.
     if (s && unmarked && !all) {
-      s = writer_->flush();
-      if (s && complete != INT64_MIN) s = writer_->append_watermark(complete);
+      s = writer_->append_watermark(complete);  // flushes the take's partial chunk first
       unmarked = false;
     }
     if (!s) return fail(s);
     std::lock_guard lock(stats_mu_);
     // loss_records_ counts what was appended; records_written() what is in
-    // chunks already (a partial chunk waits): never below zero meanwhile.
+    // chunks already (a stop's partial chunk waits): never below zero.
     const uint64_t in_file = writer_->records_written();
     records_written_ = in_file > loss_records_ ? in_file - loss_records_ : 0;
     bytes_written_ = writer_->bytes_written();

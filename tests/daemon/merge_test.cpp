@@ -56,6 +56,19 @@ class FileSink {
   }
   uint64_t below_watermark() const { return below_; }
   uint64_t unsorted() const { return unsorted_; }  // within takes
+  // The stop: everything still pending, then the checks of every take (in
+  // order, none below a watermark written, none late, nothing left) and the
+  // file read back.
+  std::vector<TraceRecord> finish(Merger& m, perfq::TraceReadSummary* summary) {
+    std::vector<TraceRecord> out;
+    m.take_all(out);
+    add(out, INT64_MIN);
+    CHECK(below_watermark() == 0);
+    CHECK(unsorted() == 0);
+    CHECK(m.stats().late == 0);
+    CHECK(m.stats().pending == 0);
+    return read(summary);
+  }
   // Closes the file and reads it: every record, as a reader gives them out.
   std::vector<TraceRecord> read(perfq::TraceReadSummary* summary = nullptr) {
     REQUIRE(w_->close());
@@ -123,14 +136,8 @@ TEST_CASE("merge: producers on threads, one ordered and complete output", "[merg
     ++takes;
   }
   for (auto& t : threads) t.join();
-  m.take_all(out);
-  sink.add(out, INT64_MIN);
-  CHECK(sink.below_watermark() == 0);
-  CHECK(sink.unsorted() == 0);
-  CHECK(m.stats().late == 0);
-  CHECK(m.stats().pending == 0);
   perfq::TraceReadSummary summary;
-  const auto recs = sink.read(&summary);
+  const auto recs = sink.finish(m, &summary);
   std::vector<uint64_t> next(static_cast<size_t>(producers), 0);
   uint64_t disorder = 0, gaps = 0;
   for (size_t i = 0; i < recs.size(); ++i) {
@@ -184,14 +191,8 @@ TEST_CASE("merge: batches whose streams interleave across batches come out in or
   m.close(dev);
   while (m.take(out, 0, 1000, &complete) == 1000) sink.add(out, complete);
   sink.add(out, complete);
-  m.take_all(out);
-  sink.add(out, INT64_MIN);
-  CHECK(sink.below_watermark() == 0);
-  CHECK(sink.unsorted() == 0);
-  CHECK(m.stats().late == 0);
-  CHECK(m.stats().pending == 0);
   perfq::TraceReadSummary summary;
-  const auto recs = sink.read(&summary);
+  const auto recs = sink.finish(m, &summary);
   REQUIRE(recs.size() == pushed);
   uint64_t disorder = 0, stream_disorder = 0;
   uint64_t next[2] = {0, 0};
