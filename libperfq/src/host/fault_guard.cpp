@@ -1,7 +1,10 @@
 #include "host/fault_guard.h"
 
+#include <errno.h>
 #include <signal.h>
 #include <sys/mman.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 #include <mutex>
 
@@ -45,6 +48,7 @@ void pass_on(int sig, siginfo_t* info, void* ctx) {
 }
 
 void on_sigbus(int sig, siginfo_t* info, void* ctx) {
+  const int saved_errno = errno;  // the interrupted code's
   if (info != nullptr && info->si_code > 0) {
     const auto addr = reinterpret_cast<uintptr_t>(info->si_addr);
     for (Slot& s : g_slots) {
@@ -54,11 +58,19 @@ void on_sigbus(int sig, siginfo_t* info, void* ctx) {
       std::atomic<bool>* gone = s.gone.load(std::memory_order_relaxed);
       if (addr < begin || addr - begin >= len) continue;
       if (s.state.load(std::memory_order_acquire) != 2) continue;
-      void* p = mmap(reinterpret_cast<void*>(begin), len, PROT_READ | PROT_WRITE,
-                     MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0);
-      if (p == MAP_FAILED) break;  // cannot contain it: the default action
-      if (gone) gone->store(true, std::memory_order_release);
+      // Gone first: another thread that reads the zeros mapped next must
+      // find the flag set when it checks it after its read.  Set after the
+      // mapping, a thread that read zeros in between took them for the
+      // device's words (a queue whose tail went backwards: "failed", not
+      // "gone").
+      if (gone) gone->store(true, std::memory_order_seq_cst);
+      // The system call itself, not libc's mmap, which a sanitizer
+      // intercepts (its interceptor's work is not async-signal-safe).
+      const long p = syscall(SYS_mmap, begin, len, PROT_READ | PROT_WRITE,
+                             MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0L);
+      if (p == -1) break;  // cannot contain it: the default action
       g_hits.fetch_add(1, std::memory_order_relaxed);
+      errno = saved_errno;
       return;  // the access retries and reads zeros
     }
   }

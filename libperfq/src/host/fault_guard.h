@@ -3,11 +3,12 @@
 // When a perfq device goes away (hot-unplug, driver unbind) the driver
 // revokes every user mapping of its region: the next access raises SIGBUS.
 // The fault guard is a process-wide SIGBUS handler that turns this into a
-// flag.  A SIGBUS whose address lies in a registered range maps anonymous
-// zero memory over the whole range (MAP_FIXED), sets the range's `gone`
-// flag and returns, so the faulting access retries harmlessly and reads
-// zeros.  Any other SIGBUS goes to the handler installed before ours, or
-// kills the process with the default action.
+// flag.  A SIGBUS whose address lies in a registered range sets the range's
+// `gone` flag, maps anonymous zero memory over the whole range (MAP_FIXED)
+// and returns, so the faulting access retries harmlessly and reads zeros.
+// A thread that reads zeros there and then checks `gone` finds it set: a
+// check after each read tells the device's words from the guard's zeros.  Any other SIGBUS goes to
+// the handler installed before ours, or kills the process with the default action.
 //
 // Threading: install_fault_guard() and the registration calls may be made
 // from any thread.  The handler reads the registration table lock-free.
