@@ -7,9 +7,10 @@
 //       own CPU time; with --trace it records one perfq_instant per chunk
 //       (about 1 M events/s) through the daemon at PERFQ_SOCKET.  Prints the
 //       chunks per CPU second and per wall second, and the library's counts.
-//   perfq_sys_bench sync --device SPEC --rounds N
-//       N HostSync rounds (mode A) against a running device (perfq-devsim);
-//       prints the median and mean host CPU time per round.
+//   perfq_sys_bench sync --device SPEC --rounds N [--samples K]
+//       N HostSync rounds (mode A) against a running device (perfq-devsim),
+//       K register reads each (the daemon's 48 by default); prints the
+//       median and mean host CPU time per round and the mean reads.
 #include <time.h>
 
 #include <algorithm>
@@ -137,15 +138,19 @@ int cmd_sync(int argc, char** argv) {
     std::fprintf(stderr, "perfq_sys_bench: %s\n", s.message().c_str());
   HostSyncOptions so;
   so.keep_rounds = 1;  // as the daemon: each round goes to the trace at once
+  so.samples = std::stoul(arg_value(argc, argv, "--samples", std::to_string(so.samples).c_str()));
   HostSync hs(*t, so);
   std::vector<uint64_t> cpu;
   int failed = 0;
+  size_t reads = 0;
   for (int i = 0; i < rounds; ++i) {
     auto r = hs.round();
-    if (r)
+    if (r) {
       cpu.push_back(r->cpu_ns);
-    else
+      reads += hs.rounds().back().host.size();
+    } else {
       ++failed;
+    }
     std::this_thread::sleep_for(std::chrono::milliseconds(10));  // the daemon's pace, roughly
   }
   if (cpu.empty()) {
@@ -156,8 +161,11 @@ int cmd_sync(int argc, char** argv) {
   double mean = 0;
   for (uint64_t c : cpu) mean += static_cast<double>(c);
   mean /= static_cast<double>(cpu.size());
-  std::printf("{\"rounds\":%zu,\"failed\":%d,\"median_cpu_ns\":%llu,\"mean_cpu_ns\":%.0f}\n",
-              cpu.size(), failed, static_cast<unsigned long long>(cpu[cpu.size() / 2]), mean);
+  std::printf(
+      "{\"rounds\":%zu,\"failed\":%d,\"median_cpu_ns\":%llu,\"mean_cpu_ns\":%.0f,"
+      "\"mean_reads\":%.1f}\n",
+      cpu.size(), failed, static_cast<unsigned long long>(cpu[cpu.size() / 2]), mean,
+      static_cast<double>(reads) / static_cast<double>(cpu.size()));
   return 0;
 }
 
