@@ -85,6 +85,12 @@ int main(int argc, char** argv) {
   // environment says otherwise; the threads' own caches (tcache) still serve
   // small blocks without the arena's lock.
   if (std::getenv("MALLOC_ARENA_MAX") == nullptr) mallopt(M_ARENA_MAX, 1);
+  // A buffer of 256 KiB or more (a merge run is 768 KiB, a drain's batch
+  // 512 KiB) is a mapping of its own, unmapped when freed.  glibc's default
+  // raises that threshold to the largest such buffer freed (up to 32 MiB),
+  // after which they come from the heap, whose free middle stays in the RSS
+  // until malloc_trim: a backlog's peak stayed to the recording's end.
+  if (std::getenv("MALLOC_MMAP_THRESHOLD_") == nullptr) mallopt(M_MMAP_THRESHOLD, 256 * 1024);
   DaemonConfig config;
   bool exit_now = false;
   int exit_code = 0;
