@@ -749,16 +749,26 @@ static double sqrt_d(double x)
 	return __builtin_sqrt(x);
 }
 
-/* Nearest integer, halves away from zero; |x| < 2^63. */
+/* 2^52: a double this large has no fraction (and an int64_t cannot hold
+ * every one beyond 2^63). */
+#define WHOLE_D 4503599627370496.0
+
+/* Nearest integer, halves away from zero.  Beyond 2^52 (or not a number)
+ * x is its own: hostile samples give fits far outside any clock. */
 static double round_d(double x)
 {
+	if (!(fabs_d(x) < WHOLE_D))
+		return x;
 	return x < 0 ? -(double)(int64_t)(-x + 0.5) : (double)(int64_t)(x + 0.5);
 }
 
 static double floor_d(double x)
 {
-	double t = (double)(int64_t)x;
+	double t;
 
+	if (!(fabs_d(x) < WHOLE_D))
+		return x;
+	t = (double)(int64_t)x;
 	return t > x ? t - 1 : t;
 }
 
@@ -1123,8 +1133,8 @@ int perfq_sync_observe(const struct perfq_clock_sample *host, uint32_t nh,
 	dround = round_d(dp.a);
 	hstar += (dround - dp.a) * dns;
 	hround = round_d(hstar);
-	out->device_time = base_d + (uint64_t)(int64_t)dround;
-	out->host_ns = base_h + (uint64_t)(int64_t)hround;
+	out->device_time = add_ns(base_d, dround); /* (clamped: hostile samples) */
+	out->host_ns = add_ns(base_h, hround);
 	out->uncertainty_ns = hp.max_half_ns + dp.max_half_ns + fabs_d(gap_ns) * sel->rate_error;
 	out->host_delay_ns = hp.min_delay_ns;
 	out->device_delay_ns = dp.min_delay_ns;
@@ -1203,8 +1213,13 @@ void perfq_sync_line_to_abi(const struct perfq_sync_line *m, struct perfq_sync_m
 	__builtin_memset(out, 0, sizeof(*out));
 	out->device_ref = m->device_ref;
 	out->host_ref_ns = (int64_t)(m->host_ref + (m->host_frac >= 0.5 ? 1 : 0));
-	out->rate_ppb = ppb > 9.2e18 ? INT64_MAX : (int64_t)ppb;
-	out->uncertainty_ns = m->uncertainty_ns >= 1.8e19 ? (uint64_t)1.8e19
+	out->rate_ppb = ppb > 9.2e18	  ? INT64_MAX
+			: ppb < -9.2e18 ? INT64_MIN
+			: finite_d(ppb) ? (int64_t)ppb
+					: 0;
+	/* No number is no bound (the largest), never 0. */
+	out->uncertainty_ns = !(m->uncertainty_ns < 1.8e19) ? (uint64_t)1.8e19
+			      : m->uncertainty_ns <= 0	      ? 0
 			      : (uint64_t)m->uncertainty_ns +
 					((double)(uint64_t)m->uncertainty_ns < m->uncertainty_ns);
 	out->valid_from_device = m->valid_from_device;
