@@ -762,10 +762,9 @@ TEST_CASE("daemon: an application that ended before a recording is not among its
           "[daemon][process]") {
   TempDir dir("daemon-gone-app");
   const std::string trace = dir.file("gone.trace");
-  const std::string sock = dir.file("perfqd.sock");
   const std::string app = kBin + "/perfq_test_app";
   Daemon d(dir);
-  Child gone({app, sock, "record", "1", "100"});
+  Child gone({app, d.socket, "record", "1", "100"});
   REQUIRE(gone.wait(std::chrono::seconds(static_cast<int>(30 * kSlow))));
   REQUIRE(gone.exit_code() == 0);
   const auto gone_pid = static_cast<uint32_t>(gone.pid());
@@ -781,7 +780,7 @@ TEST_CASE("daemon: an application that ended before a recording is not among its
   auto st = ctl(d, {"start", "-o", trace});
   INFO("start: " << st->out() << st->err());
   REQUIRE(st->exit_code() == 0);
-  Child live({app, sock, "record", "1", "100"});
+  Child live({app, d.socket, "record", "1", "100"});
   REQUIRE(live.wait(std::chrono::seconds(static_cast<int>(30 * kSlow))));
   REQUIRE(ctl(d, {"stop"})->exit_code() == 0);
   bool clean = false;
@@ -1436,7 +1435,8 @@ TEST_CASE("daemon: a device that disappears mid-recording: the others go on, the
   for (const TempShm* s : {&keep, &cut, &killed})
     REQUIRE(
         wait_for([&] { return access(s->path().c_str(), F_OK) == 0; }, std::chrono::seconds(10)));
-  Daemon d(dir, {"--device-timeout-ms", "500"});
+  constexpr int64_t kDeviceTimeoutMs = 500;
+  Daemon d(dir, {"--device-timeout-ms", std::to_string(kDeviceTimeoutMs)});
   const std::string trace = dir.file("vanish.trace");
   auto st = ctl(d, {"start", "-o", trace, "--device", "shm:" + keep.path(), "--device",
                     "shm:" + cut.path(), "--device", "shm:" + killed.path()});
@@ -1516,7 +1516,7 @@ TEST_CASE("daemon: a device that disappears mid-recording: the others go on, the
   // about the kill.  A drain starved of CPU sees the last move late (three
   // such tests at once under TSan on two CPUs: up to 3.7 s after the kill),
   // so "about" is within a second only where nothing slows the drain down.
-  CHECK(silent.time_ns + 500'000'000 <= silent_seen_ns);
+  CHECK(silent.time_ns + kDeviceTimeoutMs * 1'000'000 <= silent_seen_ns);
   CHECK(silent.time_ns > kill_ns - static_cast<int64_t>(1e9 * kSlow));
   if (kSlow == 1) CHECK(silent.time_ns <= kill_ns + 1'000'000'000);
   // Every record the kept device emitted is in the trace, and none of the
