@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
+#include <deque>
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <thread>
@@ -92,9 +93,14 @@ struct HostApps::Impl {
   std::vector<std::shared_ptr<App>> apps;  // under mu; connected or with rings left
   uint32_t next_source = 0;                // under mu
   std::vector<uint16_t> gone;              // under mu: sources of applications dropped
-  std::vector<TraceSource> departed;       // under mu: their changes not yet taken
-  bool stopping = false;                   // under mu
-  UniqueFd wake;                           // eventfd: wakes the I/O thread
+  // Under mu: ids of applications that ended, once the collector took them
+  // (take_gone_sources()), for reuse after the fresh ids run out: free now,
+  // or held until the recording that may list them stops.
+  std::deque<uint16_t> free_ids;
+  std::vector<uint16_t> held_ids;
+  std::vector<TraceSource> departed;  // under mu: their changes not yet taken
+  bool stopping = false;              // under mu
+  UniqueFd wake;                      // eventfd: wakes the I/O thread
   std::thread io;
 
   // Collector thread only.
@@ -417,10 +423,20 @@ Status HostApps::adopt(UniqueFd conn, const nlohmann::json& hello, const struct 
       if (connected >= impl_->opts.max_apps)
         return refuse(Status(Errc::kUnavailable, "too many applications connected (max " +
                                                      std::to_string(impl_->opts.max_apps) + ")"));
-      if (impl_->next_source > 0xffff)
-        return refuse(Status(Errc::kUnavailable, "host source ids exhausted"));
+      if (impl_->next_source > 0xffff && impl_->free_ids.empty())
+        return refuse(Status(
+            Errc::kUnavailable,
+            "host source ids exhausted: all " +
+                std::to_string(0x10000 - impl_->opts.first_source_id) +
+                " are applications connected, or that ended during the current recording (their "
+                "ids are free again once it stops)"));
       if (Status s = impl_->add_events_locked(*app, evs); !s) return refuse(s);
-      app->source = static_cast<uint16_t>(impl_->next_source++);
+      if (impl_->next_source <= 0xffff) {
+        app->source = static_cast<uint16_t>(impl_->next_source++);
+      } else {
+        app->source = impl_->free_ids.front();
+        impl_->free_ids.pop_front();
+      }
     }
     const int fl = ::fcntl(conn.get(), F_GETFL);
     if (fl < 0 || ::fcntl(conn.get(), F_SETFL, fl | O_NONBLOCK) != 0)
@@ -453,6 +469,10 @@ Status HostApps::adopt(UniqueFd conn, const nlohmann::json& hello, const struct 
 void HostApps::set_recording(bool on) {
   std::lock_guard l(impl_->mu);
   impl_->recording = on;
+  if (!on) {
+    impl_->free_ids.insert(impl_->free_ids.end(), impl_->held_ids.begin(), impl_->held_ids.end());
+    impl_->held_ids.clear();
+  }
   for (auto& a : impl_->apps)
     for (auto& r : a->rings)
       if (!r->retired) store_relaxed(&r->hdr->recording, on ? 1 : 0);
@@ -526,7 +546,15 @@ std::vector<TraceSource> HostApps::take_changed_sources() {
 
 std::vector<uint16_t> HostApps::take_gone_sources() {
   std::lock_guard l(impl_->mu);
-  return std::exchange(impl_->gone, {});
+  std::vector<uint16_t> out = std::exchange(impl_->gone, {});
+  // Free once the collector forgot them (a reused id taken before would be
+  // forgotten with the application that had it), and not within a
+  // recording that may list them.
+  if (impl_->recording)
+    impl_->held_ids.insert(impl_->held_ids.end(), out.begin(), out.end());
+  else
+    impl_->free_ids.insert(impl_->free_ids.end(), out.begin(), out.end());
+  return out;
 }
 
 std::vector<TraceLoss> HostApps::take_losses(int64_t now_ns) {

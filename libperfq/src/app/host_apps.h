@@ -52,8 +52,11 @@
 namespace perfq {
 
 struct HostAppsOptions {
-  uint64_t ring_records = 1 << 16;    // records per thread ring, a power of two (2 MiB)
-  uint16_t first_source_id = 256;     // sources are numbered from here, never reused
+  uint64_t ring_records = 1 << 16;  // records per thread ring, a power of two (2 MiB)
+  // Sources are numbered from here up; past 0xffff, the ids of applications
+  // that ended are reused (take_gone_sources()), never within a recording
+  // that may list the one that had it.
+  uint16_t first_source_id = 256;
   size_t max_apps = 1024;             // connected applications at a time
   size_t max_threads_per_app = 1024;  // live rings of one application
   size_t max_events_per_app = 65535;  // event ids 1..max_events_per_app
@@ -96,7 +99,8 @@ class HostApps {
   std::vector<TraceSource> take_changed_sources();
   // Collector thread: the sources of applications that ended and whose
   // rings were emptied, since the last call: a new recording must not list
-  // them (their ids are not reused).
+  // them.  Their ids may be given to new applications from then on (once
+  // the fresh ones ran out), or, taken during a recording, once it stops.
   std::vector<uint16_t> take_gone_sources();
 
   // Collector thread: records the applications could not record because a

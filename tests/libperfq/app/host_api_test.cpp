@@ -855,6 +855,61 @@ TEST_CASE("host api: malformed requests get errors and the registry carries on",
   CHECK(c.count(src->id) == 100);
 }
 
+// Source ids are 16 bits: a daemon that serves an application a second
+// refused every application after 18 hours ("host source ids exhausted").
+// Past the last fresh id, the ids of applications that ended are reused,
+// but never within a recording that may list the one that had it.
+TEST_CASE("host api: the ids of applications that ended are reused once the fresh ones run out",
+          "[host_api]") {
+  TempDir dir("hostapi");
+  HostAppsOptions o = opts(256);
+  o.recording = false;
+  o.first_source_id = 0xfffe;  // two fresh ids
+  HostApps apps(o);
+  FakeDaemon daemon(apps, dir.file("d.sock"));
+  REQUIRE(daemon.listen());
+  const std::string hello = R"({"cmd":"app_hello","version":1,"pid":1,"name":"app"})";
+  auto connect = [&] {
+    auto a = std::make_unique<RawApp>(dir.file("d.sock"));
+    REQUIRE(a->connected());
+    const json r = a->request(hello);
+    REQUIRE(r.is_object());
+    return std::make_pair(std::move(a), r);
+  };
+  Collected c;
+  auto a = connect(), b = connect();
+  REQUIRE(a.second["ok"] == true);
+  REQUIRE(b.second["ok"] == true);
+  CHECK(a.second["source"] == 0xfffe);
+  CHECK(b.second["source"] == 0xffff);
+  auto refused = connect();
+  CHECK(refused.second["ok"] == false);
+  CHECK(refused.second["error"].get<std::string>().find("host source ids exhausted") !=
+        std::string::npos);
+  refused.first.reset();
+
+  // a ends while nothing records: its id is free once the collector took it.
+  a.first.reset();
+  REQUIRE(collect_until(apps, c, [&] { return apps.apps() == 1; }));
+  CHECK(connect().second["ok"] == false);  // not yet taken: the collector may still know it
+  CHECK(apps.take_gone_sources() == std::vector<uint16_t>{0xfffe});
+  auto a2 = connect();
+  REQUIRE(a2.second["ok"] == true);
+  CHECK(a2.second["source"] == 0xfffe);
+
+  // b ends during a recording: its id stays taken until the recording stops.
+  apps.set_recording(true);
+  b.first.reset();
+  REQUIRE(collect_until(apps, c, [&] { return apps.apps() == 1; }));
+  CHECK(apps.take_gone_sources() == std::vector<uint16_t>{0xffff});
+  CHECK(connect().second["ok"] == false);
+  apps.set_recording(false);
+  auto b2 = connect();
+  REQUIRE(b2.second["ok"] == true);
+  CHECK(b2.second["source"] == 0xffff);
+  CHECK(apps.apps() == 2);
+}
+
 TEST_CASE("host api: adopt refuses a bad hello on a socketpair", "[host_api]") {
   HostApps apps(opts());
   int sv[2];
