@@ -201,34 +201,26 @@ namespace {
 int64_t host_time(const ClockModel& k, uint64_t d) { return static_cast<int64_t>(k.to_host(d)); }
 
 // What the current model may claim at r.time, a time behind its newest
-// round, given the models of then: the current model's claim takes its
+// round, given the model of then: the current model's claim takes its
 // rounds' errors for independent, and rounds that were loose the same way
 // (a busy machine preempts the reads alike, each late by half its bracket)
 // lean its rate with them, seconds from its newest rounds, beyond its 3
 // sigma (the accuracy suite, mode B on a loaded machine: 287 us off under a
-// claim of 201 us).  The model that was current at the time, fitted from
-// the rounds up to it, vouches for it by them: the current model's time `t`
-// is within their distance plus that claim, and the larger of the two
-// claims is true if either model's is.  Where the model of then bounds
-// nothing (a first round's, whose rate is the prior's), the model after the
-// next round checks it.
-double claim_by_then(const perfq_record& r, const ConversionModel& m, int64_t t) {
-  for (const auto& sg : m.history.segments()) {
-    if (sg.id != m.current.segment || sg.knots.empty()) continue;
-    auto next = std::upper_bound(
-        sg.knots.begin(), sg.knots.end(), r.time,
-        [](uint64_t d, const ClockModel& k) { return time_diff(d, k.device_ref) < 0; });
-    auto check = [&](const ClockModel& k) {
-      const double claim = k.claim_at(r.time, m.current);
-      return stored_claim(claim) == kClaimUnbounded
-                 ? -1.0
-                 : claim + std::fabs(static_cast<double>(host_time(k, r.time) - t));
-    };
-    const double by_then = next != sg.knots.begin() ? check(*std::prev(next)) : -1;
-    if (by_then >= 0 || next == sg.knots.end()) return std::max(0.0, by_then);
-    return std::max(0.0, check(*next));
-  }
-  return 0;
+// claim of 201 us).  The model that was current at the time (the knot at or
+// before it, or the segment's first) vouches for its own reference by the
+// rounds up to it, within its uncertainty there, whatever its rate: the
+// current model is off there by at most their distance plus that, and from
+// there to the time (a round's interval) by its rate's 3 sigma over the
+// way.  The larger of this and the current model's own claim is true if
+// either is.
+double claim_by_then(const perfq_record& r, const ConversionModel& m) {
+  const ClockModel then = m.history.model_at(r.time, m.current.segment);
+  if (!then.valid || stored_claim(then.uncertainty_ns) == kClaimUnbounded) return 0;
+  const double apart = std::fabs(static_cast<double>(host_time(m.current, then.device_ref) -
+                                                     host_time(then, then.device_ref)));
+  const double way = std::fabs(static_cast<double>(time_diff(r.time, then.device_ref)) *
+                               static_cast<double>(m.current.ns_per_tick));
+  return apart + then.uncertainty_ns + 3 * m.current.rate_sigma_ppb * 1e-9 * way;
 }
 
 // convert() with one segment, or none of the record's epoch yet: the
@@ -247,7 +239,7 @@ bool convert_by_current(const perfq_record& r, const ConversionModel& m, bool fo
   double claim = m.current.claim_at(r.time);
   if (!force && claim > m.tight_ns) return false;
   out->time_ns = host_time(m.current, r.time);
-  if (!beyond) claim = std::max(claim, claim_by_then(r, m, out->time_ns));
+  if (!beyond) claim = std::max(claim, claim_by_then(r, m));
   // Forced past the newest round, no round saw the time: a step there
   // would be unseen, so there is no bound to claim.
   out->claim_ns = unseen_step || beyond ? kClaimUnbounded : stored_claim(claim);
