@@ -7,9 +7,10 @@
 //       own CPU time; with --trace it records one perfq_instant per chunk
 //       (about 1 M events/s) through the daemon at PERFQ_SOCKET.  Prints the
 //       chunks per CPU second and per wall second, and the library's counts.
-//   perfq_sys_bench sync --device SPEC --rounds N [--samples K]
+//   perfq_sys_bench sync --device SPEC --rounds N [--samples K] [--enough-reads E]
 //       N HostSync rounds (mode A) against a running device (perfq-devsim),
-//       K register reads each (the daemon's 48 by default); prints the
+//       at most K register reads each (the daemon's 48 by default), ending
+//       once E were tight (HostSyncOptions::enough_reads; 0: K); prints the
 //       median and mean host CPU time per round and the mean reads.
 #include <time.h>
 
@@ -139,6 +140,8 @@ int cmd_sync(int argc, char** argv) {
   HostSyncOptions so;
   so.keep_rounds = 1;  // as the daemon: each round goes to the trace at once
   so.samples = std::stoul(arg_value(argc, argv, "--samples", std::to_string(so.samples).c_str()));
+  so.enough_reads =
+      std::stoul(arg_value(argc, argv, "--enough-reads", std::to_string(so.enough_reads).c_str()));
   HostSync hs(*t, so);
   std::vector<uint64_t> cpu;
   int failed = 0;

@@ -45,14 +45,30 @@ HostSync::HostSync(DeviceTransport& device, HostSyncOptions opts)
   if (next_round_ == 0) next_round_ = 1;
 }
 
+EnoughReads HostSync::enough() const {
+  if (opts_.enough_reads == 0 || tightest_n_ < 16) return {};
+  std::array<uint64_t, 64> d = tightest_;
+  const size_t n = std::min(tightest_n_, d.size());
+  std::nth_element(d.begin(), d.begin() + static_cast<std::ptrdiff_t>(n / 4),
+                   d.begin() + static_cast<std::ptrdiff_t>(n));
+  const double q = static_cast<double>(d[n / 4]);
+  const SelectionConfig& sel = opts_.selection;
+  return {opts_.enough_reads,
+          static_cast<uint64_t>(q + std::max(sel.margin_ns, sel.margin_frac * q))};
+}
+
 Result<RoundResult> HostSync::round() {
   const uint64_t cpu0 = thread_cpu_ns();
   perfq_sync_page* page = device_.region().sync();
   const uint32_t r = next_round_++;
   if (next_round_ == 0) next_round_ = 1;  // round 0 means "closed"
 
-  auto host = device_.clock_samples(r, opts_.samples, opts_.read_timeout);
+  auto host = device_.clock_samples(r, opts_.samples, opts_.read_timeout, enough());
   if (!host) return host.status();
+  uint64_t tightest = UINT64_MAX;
+  for (const auto& s : *host)
+    if (s.after >= s.before) tightest = std::min(tightest, s.after - s.before);
+  if (tightest != UINT64_MAX) tightest_[tightest_n_++ % tightest_.size()] = tightest;
 
   // The device publishes its samples of round r as it sees the window close,
   // within microseconds when it runs.  Spin on the batch's round word (one

@@ -41,8 +41,9 @@ class ShmTransport final : public DeviceTransport {
   const Region& region() const override { return region_; }
   bool gone() const override { return gone_.load(std::memory_order_acquire); }
 
-  Result<std::vector<perfq_clock_sample>> clock_samples(
-      uint32_t round, size_t n, std::chrono::microseconds timeout) override {
+  Result<std::vector<perfq_clock_sample>> clock_samples(uint32_t round, size_t n,
+                                                        std::chrono::microseconds timeout,
+                                                        EnoughReads enough) override {
     if (n == 0 || n > PERFQ_SYNC_MAX_SAMPLES)
       return Status(Errc::kInvalidArgument,
                     "clock samples: n must be 1.." + std::to_string(PERFQ_SYNC_MAX_SAMPLES));
@@ -57,17 +58,21 @@ class ShmTransport final : public DeviceTransport {
     // preempted).  The first read still gets the poll period on top of the
     // timeout, for a device that polls instead of being woken.
     std::this_thread::sleep_for(std::chrono::microseconds(500));
-    const size_t enough = std::min(n, kMinRoundSamples);
+    const size_t at_least = std::min(n, kMinRoundSamples);
+    size_t tight = 0;
     for (size_t i = 0; i < n; ++i) {
       auto s = timer_.read(i == 0 ? timeout + std::chrono::milliseconds(20) : timeout);
       if (!s) {
-        if (out.size() >= enough) break;  // the round keeps what it has
+        if (out.size() >= at_least) break;  // the round keeps what it has
         timer_.close_window();
         return Status(s.status().code(), spec_ + ": " + s.status().message() + " (" +
                                              std::to_string(out.size()) + " of " +
                                              std::to_string(n) + " samples read)");
       }
       out.push_back(*s);
+      if (enough.reads > 0 && s->after >= s->before && s->after - s->before <= enough.delay_ns &&
+          ++tight >= enough.reads && out.size() >= at_least)
+        break;
     }
     timer_.close_window();
     if (gone())
@@ -99,8 +104,9 @@ class DevTransport final : public DeviceTransport {
   const Region& region() const override { return *region_; }
   bool gone() const override { return gone_.load(std::memory_order_acquire); }
 
-  Result<std::vector<perfq_clock_sample>> clock_samples(
-      uint32_t round, size_t n, std::chrono::microseconds timeout) override {
+  Result<std::vector<perfq_clock_sample>> clock_samples(uint32_t round, size_t n,
+                                                        std::chrono::microseconds timeout,
+                                                        EnoughReads) override {
     if (n == 0 || n > PERFQ_SYNC_MAX_SAMPLES)
       return Status(Errc::kInvalidArgument,
                     "clock samples: n must be 1.." + std::to_string(PERFQ_SYNC_MAX_SAMPLES));

@@ -30,6 +30,14 @@
 
 namespace perfq {
 
+// When a sync round has read enough (DeviceTransport::clock_samples()):
+// once `reads` of its reads each took at most `delay_ns` between their
+// brackets (and at least kMinRoundSamples were read).
+struct EnoughReads {
+  size_t reads = 0;  // 0: read n
+  uint64_t delay_ns = 0;
+};
+
 class DeviceTransport {
  public:
   virtual ~DeviceTransport() = default;
@@ -49,10 +57,14 @@ class DeviceTransport {
   // fewer, the round fails with kTimeout.  Slow reads that each answer in
   // time are all kept: whether such a round is worth fitting is the sync
   // gate's choice (by delay), not the transport's.
+  //
+  // `enough` may end the reads before n (EnoughReads).  The shm transport
+  // stops there; the driver's ioctl reads n (with interrupts off, its reads
+  // are tight, and cost the kernel, not this thread, their time).
   static constexpr size_t kMinRoundSamples = PERFQ_IOC_ROUND_MIN_SAMPLES;
   virtual Result<std::vector<perfq_clock_sample>> clock_samples(
-      uint32_t round, size_t n,
-      std::chrono::microseconds timeout = std::chrono::milliseconds(50)) = 0;
+      uint32_t round, size_t n, std::chrono::microseconds timeout = std::chrono::milliseconds(50),
+      EnoughReads enough = {}) = 0;
 
   // True once the device is known to be gone (its mappings were revoked, or
   // the driver answered ENODEV).  The region then reads zeros, and

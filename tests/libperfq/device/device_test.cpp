@@ -391,6 +391,69 @@ TEST_CASE("host sync: a recorder keeps only the last rounds' samples", "[device]
   if (keep == SIZE_MAX) CHECK(hs.rounds().size() == n);
 }
 
+// A round reads until `enough` of its reads were tight (at most delay_ns
+// between their brackets), never fewer than kMinRoundSamples; no read
+// that tight, all n.
+TEST_CASE("timer: a round ends its reads once enough were tight", "[device][timer][sync]") {
+  TempShm shm("timer-enough");
+  Region region = make_region(shm, 64);
+  SimClock clock({});
+  RunningTimer timer(region, clock);
+  auto t = open_transport("shm:" + shm.path());
+  REQUIRE(t.is_ok());
+  const size_t want = GENERATE(as<size_t>{}, 1, 6, 12);
+  auto s = (*t)->clock_samples(1, 48, std::chrono::milliseconds(30), {want, UINT64_MAX});
+  INFO(s.status().message());
+  REQUIRE(s.is_ok());
+  CHECK(s->size() == std::max(want, DeviceTransport::kMinRoundSamples));
+  // Nothing takes 0 ns between its brackets: every read.
+  s = (*t)->clock_samples(2, 48, std::chrono::milliseconds(30), {want, 0});
+  REQUIRE(s.is_ok());
+  CHECK(s->size() == 48);
+  CHECK(region.timer()->window == 0);
+}
+
+// HostSync asks for fewer reads once it knows how tight this device's reads
+// are (16 rounds): on an idle machine most are, and the rounds read far
+// fewer than 48 (17 on average here).  With enough_reads 0 every round
+// reads all.
+TEST_CASE("host sync: rounds end their reads once enough were as tight as usual",
+          "[device][timer][sync]") {
+  TempShm shm("sync-enough");
+  Region region = make_region(shm, 64);
+  SimClock clock({});
+  RunningTimer timer(region, clock);
+  auto t = open_transport("shm:" + shm.path());
+  REQUIRE(t.is_ok());
+  const size_t enough = GENERATE(as<size_t>{}, 0, 12);
+  HostSyncOptions o;
+  o.enough_reads = enough;
+  HostSync hs(**t, o);
+  size_t early = 0, later = 0;
+  for (uint32_t i = 0; i < 60; ++i) {
+    auto r = hs.round();
+    INFO(r.status().message());
+    REQUIRE(r.is_ok());
+    const size_t reads = hs.rounds().back().host.size();
+    CHECK(reads >= std::max(enough, DeviceTransport::kMinRoundSamples));
+    if (i < 16)
+      early += reads;
+    else
+      later += reads;
+  }
+  INFO("reads: " << early << " in the first 16 rounds, " << later << " in the 44 after");
+  CHECK(early == 16 * 48);  // nothing known yet: every read
+  if (enough == 0) {
+    CHECK(later == 44 * 48);
+  } else {
+#if !defined(__SANITIZE_ADDRESS__) && !defined(__SANITIZE_THREAD__)
+    // Idle here, rounds read 17 times on average; a busy machine cuts fewer
+    // short, and a sanitizer's reads are too uneven for any to be cut.
+    CHECK(later < 44 * 48);
+#endif
+  }
+}
+
 TEST_CASE("timer: the server sleeps between windows", "[device][timer]") {
   TempShm shm("timer-sleep");
   Region region = make_region(shm, 64);
