@@ -359,18 +359,28 @@ struct RunningTimer {
   std::thread thread;
 };
 
+// A region with a running timer server and the host's transport to it.
+struct ServedRegion {
+  explicit ServedRegion(const char* name) : shm(name), region(make_region(shm, 64)) {
+    auto t = open_transport("shm:" + shm.path());
+    INFO(t.status().message());
+    REQUIRE(t.is_ok());
+    transport = std::move(*t);
+  }
+  TempShm shm;
+  Region region;
+  SimClock clock{SimClockConfig{}};
+  RunningTimer timer{region, clock};
+  std::unique_ptr<DeviceTransport> transport;
+};
+
 TEST_CASE("host sync: a recorder keeps only the last rounds' samples", "[device][timer][sync]") {
-  TempShm shm("sync-keep");
-  Region region = make_region(shm, 64);
-  SimClock clock({});
-  RunningTimer timer(region, clock);
-  auto t = open_transport("shm:" + shm.path());
-  REQUIRE(t.is_ok());
+  ServedRegion sr("sync-keep");
   const size_t keep = GENERATE(as<size_t>{}, 1, 3, SIZE_MAX);
   HostSyncOptions o;
   o.samples = 8;
   o.keep_rounds = keep;
-  HostSync hs(**t, o);
+  HostSync hs(*sr.transport, o);
   const uint32_t n = 25;
   for (uint32_t i = 0; i < n; ++i) {
     auto r = hs.round();
@@ -384,7 +394,7 @@ TEST_CASE("host sync: a recorder keeps only the last rounds' samples", "[device]
     CHECK(hs.rounds().size() <= std::min<size_t>(2 * keep, i + 1));
     CHECK(hs.rounds().size() >= std::min<size_t>(keep, i + 1));
   }
-  timer.finish();
+  sr.timer.finish();
   // Oldest first, consecutive.
   for (size_t i = 1; i < hs.rounds().size(); ++i)
     CHECK(hs.rounds()[i].round == hs.rounds()[i - 1].round + 1);
@@ -395,22 +405,17 @@ TEST_CASE("host sync: a recorder keeps only the last rounds' samples", "[device]
 // between their brackets), never fewer than kMinRoundSamples; no read
 // that tight, all n.
 TEST_CASE("timer: a round ends its reads once enough were tight", "[device][timer][sync]") {
-  TempShm shm("timer-enough");
-  Region region = make_region(shm, 64);
-  SimClock clock({});
-  RunningTimer timer(region, clock);
-  auto t = open_transport("shm:" + shm.path());
-  REQUIRE(t.is_ok());
+  ServedRegion sr("timer-enough");
   const size_t want = GENERATE(as<size_t>{}, 1, 6, 12);
-  auto s = (*t)->clock_samples(1, 48, std::chrono::milliseconds(30), {want, UINT64_MAX});
+  auto s = sr.transport->clock_samples(1, 48, std::chrono::milliseconds(30), {want, UINT64_MAX});
   INFO(s.status().message());
   REQUIRE(s.is_ok());
   CHECK(s->size() == std::max(want, DeviceTransport::kMinRoundSamples));
   // Nothing takes 0 ns between its brackets: every read.
-  s = (*t)->clock_samples(2, 48, std::chrono::milliseconds(30), {want, 0});
+  s = sr.transport->clock_samples(2, 48, std::chrono::milliseconds(30), {want, 0});
   REQUIRE(s.is_ok());
   CHECK(s->size() == 48);
-  CHECK(region.timer()->window == 0);
+  CHECK(sr.region.timer()->window == 0);
 }
 
 // HostSync asks for fewer reads once it knows how tight this device's reads
@@ -419,16 +424,11 @@ TEST_CASE("timer: a round ends its reads once enough were tight", "[device][time
 // reads all.
 TEST_CASE("host sync: rounds end their reads once enough were as tight as usual",
           "[device][timer][sync]") {
-  TempShm shm("sync-enough");
-  Region region = make_region(shm, 64);
-  SimClock clock({});
-  RunningTimer timer(region, clock);
-  auto t = open_transport("shm:" + shm.path());
-  REQUIRE(t.is_ok());
+  ServedRegion sr("sync-enough");
   const size_t enough = GENERATE(as<size_t>{}, 0, 12);
   HostSyncOptions o;
   o.enough_reads = enough;
-  HostSync hs(**t, o);
+  HostSync hs(*sr.transport, o);
   size_t early = 0, later = 0;
   for (uint32_t i = 0; i < 60; ++i) {
     auto r = hs.round();
