@@ -877,37 +877,51 @@ TEST_CASE("host api: the ids of applications that ended are reused once the fres
     return std::make_pair(std::move(a), r);
   };
   Collected c;
+  // adopt() registers an application after its reply.
+  auto wait_apps = [&](size_t n) {
+    REQUIRE(collect_until(apps, c, [&] { return apps.apps() == n; }));
+  };
+  // The collector's drain drops an application that ended; take them.
+  auto wait_gone = [&] {
+    std::vector<uint16_t> gone;
+    REQUIRE(collect_until(apps, c, [&] {
+      for (uint16_t id : apps.take_gone_sources()) gone.push_back(id);
+      return !gone.empty();
+    }));
+    return gone;
+  };
   auto a = connect(), b = connect();
   REQUIRE(a.second["ok"] == true);
   REQUIRE(b.second["ok"] == true);
   CHECK(a.second["source"] == 0xfffe);
   CHECK(b.second["source"] == 0xffff);
+  wait_apps(2);
   auto refused = connect();
   CHECK(refused.second["ok"] == false);
   CHECK(refused.second["error"].get<std::string>().find("host source ids exhausted") !=
         std::string::npos);
   refused.first.reset();
 
-  // a ends while nothing records: its id is free once the collector took it.
+  // a ends while nothing records: its id is free once the collector took it
+  // (until then the collector may still know it by that id).
   a.first.reset();
-  REQUIRE(collect_until(apps, c, [&] { return apps.apps() == 1; }));
-  CHECK(connect().second["ok"] == false);  // not yet taken: the collector may still know it
-  CHECK(apps.take_gone_sources() == std::vector<uint16_t>{0xfffe});
+  CHECK(connect().second["ok"] == false);
+  CHECK(wait_gone() == std::vector<uint16_t>{0xfffe});
   auto a2 = connect();
   REQUIRE(a2.second["ok"] == true);
   CHECK(a2.second["source"] == 0xfffe);
+  wait_apps(2);
 
   // b ends during a recording: its id stays taken until the recording stops.
   apps.set_recording(true);
   b.first.reset();
-  REQUIRE(collect_until(apps, c, [&] { return apps.apps() == 1; }));
-  CHECK(apps.take_gone_sources() == std::vector<uint16_t>{0xffff});
+  CHECK(wait_gone() == std::vector<uint16_t>{0xffff});
   CHECK(connect().second["ok"] == false);
   apps.set_recording(false);
   auto b2 = connect();
   REQUIRE(b2.second["ok"] == true);
   CHECK(b2.second["source"] == 0xffff);
-  CHECK(apps.apps() == 2);
+  wait_apps(2);
 }
 
 TEST_CASE("host api: adopt refuses a bad hello on a socketpair", "[host_api]") {
