@@ -65,10 +65,6 @@ Result<RoundResult> HostSync::round() {
 
   auto host = device_.clock_samples(r, opts_.samples, opts_.read_timeout, enough());
   if (!host) return host.status();
-  uint64_t tightest = UINT64_MAX;
-  for (const auto& s : *host)
-    if (s.after >= s.before) tightest = std::min(tightest, s.after - s.before);
-  if (tightest != UINT64_MAX) tightest_[tightest_n_++ % tightest_.size()] = tightest;
 
   // The device publishes its samples of round r as it sees the window close,
   // within microseconds when it runs.  Spin on the batch's round word (one
@@ -108,6 +104,8 @@ Result<RoundResult> HostSync::round() {
   if (!obs)
     return Status(obs.status().code(), device_.spec() + ": sync round " + std::to_string(r) + ": " +
                                            obs.status().message());
+  // Its tightest read (the selection's), for the next rounds' enough().
+  tightest_[tightest_n_++ % tightest_.size()] = static_cast<uint64_t>(obs->host_delay_ns);
   RoundResult res;
   res.observation = *obs;
   res.verdict = gate_.feed(sync_, *obs);

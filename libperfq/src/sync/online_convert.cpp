@@ -218,9 +218,8 @@ double claim_by_then(const perfq_record& r, const ConversionModel& m) {
   if (!then.valid || stored_claim(then.uncertainty_ns) == kClaimUnbounded) return 0;
   const double apart = std::fabs(static_cast<double>(host_time(m.current, then.device_ref) -
                                                      host_time(then, then.device_ref)));
-  const double way = std::fabs(static_cast<double>(time_diff(r.time, then.device_ref)) *
-                               static_cast<double>(m.current.ns_per_tick));
-  return apart + then.uncertainty_ns + 3 * m.current.rate_sigma_ppb * 1e-9 * way;
+  return apart + then.uncertainty_ns +
+         3 * m.current.rate_sigma_ppb * 1e-9 * then.host_distance_ns(r.time);
 }
 
 // convert() with one segment, or none of the record's epoch yet: the
