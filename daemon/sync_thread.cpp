@@ -233,9 +233,13 @@ void DeviceSyncThread::run() {
       if (device_ended_()) break;  // the device stopped during the round
       failed_round(r.status());
     }
-    wait_next_round(std::chrono::steady_clock::now(), next_interval(predicted));
+    const uint32_t interval = next_interval(predicted);
+    // The device may be awake for it (HostSync::next_round_in()).
+    sync_->next_round_in(std::chrono::milliseconds(interval));
+    wait_next_round(std::chrono::steady_clock::now(), interval);
     want_round_.store(false, std::memory_order_relaxed);
   }
+  sync_->next_round_in(std::chrono::microseconds(0));  // none announced: the device may sleep
   done_ = true;
 }
 

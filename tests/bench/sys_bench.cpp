@@ -8,10 +8,14 @@
 //       (about 1 M events/s) through the daemon at PERFQ_SOCKET.  Prints the
 //       chunks per CPU second and per wall second, and the library's counts.
 //   perfq_sys_bench sync --device SPEC --rounds N [--samples K] [--enough-reads E]
+//                        [--no-announce]
 //       N HostSync rounds (mode A) against a running device (perfq-devsim),
 //       at most K register reads each (the daemon's 48 by default), ending
-//       once E were tight (HostSyncOptions::enough_reads; 0: K); prints the
-//       median and mean host CPU time per round and the mean reads.
+//       once E were tight (HostSyncOptions::enough_reads; 0: K), 10 ms
+//       apart, each announced to the device as the daemon does
+//       (HostSync::next_round_in(); not with --no-announce); prints the
+//       median and mean host CPU time per round, the mean reads and the
+//       rounds that found the device awake for them.
 #include <time.h>
 
 #include <algorithm>
@@ -142,11 +146,14 @@ int cmd_sync(int argc, char** argv) {
   so.samples = std::stoul(arg_value(argc, argv, "--samples", std::to_string(so.samples).c_str()));
   so.enough_reads =
       std::stoul(arg_value(argc, argv, "--enough-reads", std::to_string(so.enough_reads).c_str()));
+  const bool announce = !has_flag(argc, argv, "--no-announce");
   HostSync hs(*t, so);
   std::vector<uint64_t> cpu;
   int failed = 0;
   size_t reads = 0;
+  size_t awake = 0;  // rounds that found the device's timer server awake for them
   for (int i = 0; i < rounds; ++i) {
+    awake += __atomic_load_n(&t->region().timer()->serving, __ATOMIC_ACQUIRE) == 1;
     auto r = hs.round();
     if (r) {
       cpu.push_back(r->cpu_ns);
@@ -154,7 +161,9 @@ int cmd_sync(int argc, char** argv) {
     } else {
       ++failed;
     }
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));  // the daemon's pace, roughly
+    // The daemon's pace, roughly, announced as the daemon does.
+    if (announce) hs.next_round_in(std::chrono::milliseconds(10));
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
   if (cpu.empty()) {
     std::fprintf(stderr, "perfq_sys_bench: every sync round failed\n");
@@ -166,9 +175,9 @@ int cmd_sync(int argc, char** argv) {
   mean /= static_cast<double>(cpu.size());
   std::printf(
       "{\"rounds\":%zu,\"failed\":%d,\"median_cpu_ns\":%llu,\"mean_cpu_ns\":%.0f,"
-      "\"mean_reads\":%.1f}\n",
+      "\"mean_reads\":%.1f,\"awake_rounds\":%zu}\n",
       cpu.size(), failed, static_cast<unsigned long long>(cpu[cpu.size() / 2]), mean,
-      static_cast<double>(reads) / static_cast<double>(cpu.size()));
+      static_cast<double>(reads) / static_cast<double>(cpu.size()), awake);
   return 0;
 }
 

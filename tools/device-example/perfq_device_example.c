@@ -351,9 +351,16 @@ static void *timer_server(void *arg)
 	setpriority(PRIO_PROCESS, (id_t)syscall(SYS_gettid), -15);
 	while (!atomic_load_explicit(&dev->stop_timer, memory_order_relaxed)) {
 		switch (perfq_dev_timer_poll(&dev->timer)) {
-		case PERFQ_DEV_TIMER_CLOSED:
-			futex(&page->window, FUTEX_WAIT, 0, 2000000);
+		case PERFQ_DEV_TIMER_CLOSED: {
+			/* Awake from 200 us before the round the host announced
+			 * until 1 ms after; else asleep, 2 ms at most. */
+			const uint64_t idle_us = perfq_dev_timer_idle_us(&dev->timer, 200, 1000);
+
+			if (idle_us == 0)
+				break;
+			futex(&page->window, FUTEX_WAIT, 0, idle_us < 2000 ? idle_us * 1000 : 2000000);
 			break;
+		}
 		case PERFQ_DEV_TIMER_SERVED:
 			atomic_store(&dev->go, 1);
 			quiet_since = clock_ns(CLOCK_MONOTONIC);
@@ -365,8 +372,10 @@ static void *timer_server(void *arg)
 		case PERFQ_DEV_TIMER_WAITING:
 			atomic_store(&dev->go, 1);
 			/* A host gone quiet (it died mid-round): poll slowly. */
-			if ((++n & 255) == 0 && clock_ns(CLOCK_MONOTONIC) - quiet_since > 20000000)
+			if ((++n & 255) == 0 && clock_ns(CLOCK_MONOTONIC) - quiet_since > 20000000) {
+				perfq_dev_timer_asleep(&dev->timer);
 				futex(&page->window, FUTEX_WAIT, dev->timer.round, 2000000);
+			}
 			break;
 		}
 	}

@@ -253,6 +253,16 @@ struct perfq_host_ctrl {
  * `window` is nonzero while a sync round is open; the device's serving
  * thread sleeps while it is zero (a futex on this word where host and
  * device share a kernel, slow polling where they do not).
+ *
+ * `next_window_us` (host -> device, 0: not known) is when the host expects
+ * to open the next round's window, in microseconds after the device saw
+ * the last one close; a device may poll the window at full speed from a
+ * little before then instead of sleeping.  While it does, it sets `serving`
+ * (device -> host) to 1, and the host opens the window without waking it
+ * or giving it the CPU; it clears `serving` (a full barrier, then it looks
+ * at `window` again) before it sleeps.  Both words are hints: a device
+ * that never sets `serving` is woken every round, and a host that never
+ * announces a round finds the device asleep.
  */
 struct perfq_timer_page {
 	perfq_u64 value; /* R, for hardware with a directly readable register */
@@ -263,8 +273,10 @@ struct perfq_timer_page {
 	perfq_u64 resp_value; /* R sampled when the request was served */
 	perfq_u8 pad2[PERFQ_CACHELINE - 16];
 	perfq_u32 window; /* futex word: nonzero while a sync round is open */
+	perfq_u32 serving; /* device -> host: 1 while it polls `window` awake */
+	perfq_u32 next_window_us; /* host -> device: the next window, after the last closed */
 	perfq_u32 reserved0;
-	perfq_u64 reserved[7];
+	perfq_u64 reserved[6];
 };
 
 /* ------------------------------------------------------------------ */
@@ -488,6 +500,8 @@ PERFQ_CHECK_OFFSET(perfq_timer_page, req_tag, 64);
 PERFQ_CHECK_OFFSET(perfq_timer_page, resp_tag, 128);
 PERFQ_CHECK_OFFSET(perfq_timer_page, resp_value, 136);
 PERFQ_CHECK_OFFSET(perfq_timer_page, window, 192);
+PERFQ_CHECK_OFFSET(perfq_timer_page, serving, 196);
+PERFQ_CHECK_OFFSET(perfq_timer_page, next_window_us, 200);
 
 PERFQ_CHECK_SIZE(perfq_clock_sample, 32);
 PERFQ_CHECK_SIZE(perfq_sync_model, 128);

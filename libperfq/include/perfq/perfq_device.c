@@ -536,6 +536,8 @@ void perfq_dev_timer_init(struct perfq_dev_timer *t, void *base,
 	t->port = port;
 	t->sample_every = 3;
 	t->last_tag = PERFQ_DEV_LOAD_ACQUIRE(&t->page->resp_tag);
+	t->timer_hz = h->timer_hz;
+	perfq_dev_timer_asleep(t); /* a previous server's word says nothing of this one */
 }
 
 struct perfq_clock_sample perfq_dev_sample(const struct perfq_dev_port *port)
@@ -565,6 +567,8 @@ enum perfq_dev_timer_event perfq_dev_timer_poll(struct perfq_dev_timer *t)
 	uint64_t req;
 
 	if (t->round != 0 && w != t->round) { /* closed, or already the next round */
+		t->closed_r = t->port->timer_read(t->port->ctx);
+		t->closed_seen = w == 0;
 		timer_publish(t);
 		t->round = w;
 		if (w)
@@ -593,6 +597,59 @@ enum perfq_dev_timer_event perfq_dev_timer_poll(struct perfq_dev_timer *t)
 	    t->count < PERFQ_SYNC_MAX_SAMPLES)
 		t->samples[t->count++] = perfq_dev_sample(t->port);
 	return PERFQ_DEV_TIMER_SERVED;
+}
+
+/* us (at most 2^32) in ticks of hz (at most PERFQ_CLOCK_HZ_MAX), and
+ * ticks back in us, without overflow. */
+static uint64_t ticks_of_us(uint64_t us, uint64_t hz)
+{
+	return us / 1000000 * hz + us % 1000000 * hz / 1000000;
+}
+
+static uint64_t us_of_ticks(uint64_t ticks, uint64_t hz)
+{
+	return ticks / hz * 1000000 + ticks % hz * 1000000 / hz;
+}
+
+void perfq_dev_timer_asleep(struct perfq_dev_timer *t)
+{
+	/* Then the caller's sleep looks at window (a futex wait compares it):
+	 * a host that still saw serving set stored its window before this,
+	 * and the sleep does not begin. */
+	__atomic_store_n(&t->page->serving, 0u, __ATOMIC_SEQ_CST);
+	t->serving = false;
+}
+
+#define NEXT_WINDOW_MAX_US 3600000000u /* an hour */
+
+uint64_t perfq_dev_timer_idle_us(struct perfq_dev_timer *t, uint32_t lead_us, uint32_t grace_us)
+{
+	const uint32_t next_us = PERFQ_DEV_LOAD_RELAXED(&t->page->next_window_us);
+	uint64_t due, lead, elapsed;
+
+	if (!t->closed_seen || next_us == 0 || next_us > NEXT_WINDOW_MAX_US || t->timer_hz == 0 ||
+	    t->timer_hz > PERFQ_CLOCK_HZ_MAX)
+		goto none;
+	due = ticks_of_us(next_us, t->timer_hz);
+	lead = ticks_of_us(lead_us, t->timer_hz);
+	elapsed = t->port->timer_read(t->port->ctx) - t->closed_r;
+	if (elapsed < due && due - elapsed > lead) {
+		if (t->serving)
+			perfq_dev_timer_asleep(t);
+		return us_of_ticks(due - elapsed - lead, t->timer_hz) + 1;
+	}
+	if (elapsed <= due || elapsed - due <= ticks_of_us(grace_us, t->timer_hz)) {
+		if (!t->serving) {
+			__atomic_store_n(&t->page->serving, 1u, __ATOMIC_RELEASE);
+			t->serving = true;
+		}
+		return 0;
+	}
+	t->closed_seen = false; /* the host did not come: used up */
+none:
+	if (t->serving)
+		perfq_dev_timer_asleep(t);
+	return UINT64_MAX;
 }
 
 /* ------------------------------------------------------------------ */

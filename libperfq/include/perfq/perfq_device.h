@@ -353,6 +353,10 @@ struct perfq_dev_timer {
 	uint64_t served;  /* reads answered */
 	uint64_t windows; /* rounds seen */
 	struct perfq_clock_sample samples[PERFQ_SYNC_MAX_SAMPLES];
+	uint64_t timer_hz;
+	uint64_t closed_r; /* R when the last window was seen closing */
+	bool closed_seen;  /* closed_r is set and the host's announcement not yet used up */
+	bool serving;	   /* what the page's `serving` says */
 };
 
 void perfq_dev_timer_init(struct perfq_dev_timer *t, void *base,
@@ -362,6 +366,21 @@ void perfq_dev_timer_init(struct perfq_dev_timer *t, void *base,
  * after every sample_every-th answer, and when the host closes the round
  * publishes them as the round's device_samples batch (at least one). */
 enum perfq_dev_timer_event perfq_dev_timer_poll(struct perfq_dev_timer *t);
+/* After CLOSED: the host's announcement of its next window
+ * (next_window_us, counted from the close this device saw), as the time
+ * the caller may sleep before it polls the window again, in microseconds.
+ *   - 0: the window is due within lead_us, or late by at most grace_us:
+ *     poll it without sleeping; `serving` is set, so the host opens it
+ *     without waking this device or giving it the CPU;
+ *   - otherwise the time until lead_us before the window is due, or
+ *     UINT64_MAX when nothing is announced (or the announced time passed
+ *     grace_us ago): sleep as usual (at most that long); `serving` is
+ *     cleared first, so the host wakes this device.
+ * A host value beyond an hour counts as none. */
+uint64_t perfq_dev_timer_idle_us(struct perfq_dev_timer *t, uint32_t lead_us, uint32_t grace_us);
+/* Before any other sleep of the serving thread (a round open with no
+ * reads for long): clears `serving`, so the host wakes it. */
+void perfq_dev_timer_asleep(struct perfq_dev_timer *t);
 /* One device sample: {before = R, value = D, after = R}. */
 struct perfq_clock_sample perfq_dev_sample(const struct perfq_dev_port *port);
 

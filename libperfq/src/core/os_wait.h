@@ -23,9 +23,9 @@ inline void cpu_relax() noexcept {
 // Shared (not private) futex ops: the word may be mapped by several
 // processes.  The wait is bounded by `timeout` and may return early.
 inline void futex_wait(uint32_t* word, uint32_t expected,
-                       std::chrono::milliseconds timeout) noexcept {
-  timespec ts{static_cast<time_t>(timeout.count() / 1000),
-              static_cast<long>((timeout.count() % 1000) * 1'000'000)};
+                       std::chrono::nanoseconds timeout) noexcept {
+  timespec ts{static_cast<time_t>(timeout.count() / 1'000'000'000),
+              static_cast<long>(timeout.count() % 1'000'000'000)};
   syscall(SYS_futex, word, FUTEX_WAIT, expected, &ts, nullptr, 0);
 }
 

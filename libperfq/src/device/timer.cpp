@@ -44,12 +44,26 @@ void TimerServer::run(const std::atomic<bool>& stop) {
   uint64_t quiet_since = monotonic_ns();
   for (uint32_t n = 0; !stop.load(std::memory_order_relaxed); ++n) {
     switch (perfq_dev_timer_poll(&t)) {
-      case PERFQ_DEV_TIMER_CLOSED:
-        // Asleep until the host opens a round (a futex wake where host and
-        // device share a kernel, a slow poll where they do not).
-        futex_wait(window, 0, opts_.poll);
+      case PERFQ_DEV_TIMER_CLOSED: {
+        // Awake from a little before the round the host announced
+        // (perfq_dev_timer_idle_us()): it opens the window without a wake
+        // or a nap of its own.  Otherwise asleep until the host opens a
+        // round (a futex wake where host and device share a kernel, a slow
+        // poll where they do not).
+        const uint64_t idle_us =
+            perfq_dev_timer_idle_us(&t, static_cast<uint32_t>(opts_.lead.count()),
+                                    static_cast<uint32_t>(opts_.grace.count()));
+        if (idle_us == 0) {
+          cpu_relax();
+          break;
+        }
+        futex_wait(
+            window, 0,
+            std::min<std::chrono::nanoseconds>(
+                opts_.poll, std::chrono::microseconds(std::min<uint64_t>(idle_us, 1'000'000))));
         quiet_since = monotonic_ns();
         break;
+      }
       case PERFQ_DEV_TIMER_SERVED:
         quiet_since = monotonic_ns();
         n = 0;
@@ -64,6 +78,7 @@ void TimerServer::run(const std::atomic<bool>& stop) {
         // A reader gone quiet for spin_limit (it died, or forgot to close
         // the window): poll slowly until its next request.
         if ((n & 255) == 0 && monotonic_ns() - quiet_since > limit) {
+          perfq_dev_timer_asleep(&t);
           futex_wait(window, t.round, opts_.poll);
           quiet_since = monotonic_ns() - limit;
         }
@@ -77,10 +92,19 @@ void TimerServer::run(const std::atomic<bool>& stop) {
 TimerReader::TimerReader(const Region& region)
     : region_(region), tag_(load_acquire(&region.timer()->req_tag)) {}
 
-void TimerReader::open_window(uint32_t round) noexcept {
-  uint32_t* w = &region_.timer()->window;
-  __atomic_store_n(w, round == 0 ? 1u : round, __ATOMIC_RELEASE);
-  futex_wake_all(w);
+bool TimerReader::open_window(uint32_t round) noexcept {
+  perfq_timer_page* t = region_.timer();
+  // Then `serving`: a device that cleared it after this store sees the
+  // window in its sleep's own check (perfq_dev_timer_asleep()).
+  __atomic_store_n(&t->window, round == 0 ? 1u : round, __ATOMIC_SEQ_CST);
+  if (__atomic_load_n(&t->serving, __ATOMIC_SEQ_CST) == 1) return true;
+  futex_wake_all(&t->window);
+  return false;
+}
+
+void TimerReader::announce_window(std::chrono::microseconds after_close) noexcept {
+  const auto us = std::clamp<int64_t>(after_close.count(), 0, UINT32_MAX);
+  __atomic_store_n(&region_.timer()->next_window_us, static_cast<uint32_t>(us), __ATOMIC_RELAXED);
 }
 
 void TimerReader::close_window() noexcept {

@@ -61,7 +61,11 @@ class TimerServer {
   struct Options {
     std::chrono::milliseconds poll{2};         // window check period when asleep
     std::chrono::milliseconds spin_limit{20};  // spin without requests before sleeping again
-    uint32_t sample_every = 3;                 // device sample after every n-th answer (>= 1)
+    // Awake for a round the host announced (perfq_dev_timer_idle_us()):
+    // from lead before it is due until grace after.
+    std::chrono::microseconds lead{200};
+    std::chrono::microseconds grace{1000};
+    uint32_t sample_every = 3;  // device sample after every n-th answer (>= 1)
   };
   TimerServer(const Region& region, const DeviceClock& clock, Options opts);
   TimerServer(const Region& region, const DeviceClock& clock)
@@ -86,9 +90,13 @@ class TimerReader {
  public:
   explicit TimerReader(const Region& region);
 
-  // Open the window of sync round `round` (nonzero) and wake the server.
-  void open_window(uint32_t round) noexcept;
+  // Open the window of sync round `round` (nonzero) and wake the server,
+  // unless it said it was awake for it (`serving`): then true.
+  bool open_window(uint32_t round) noexcept;
   void close_window() noexcept;
+  // When the next window opens, after this one closed: the server may
+  // stay awake for it (perfq_timer_page::next_window_us; 0: not known).
+  void announce_window(std::chrono::microseconds after_close) noexcept;
 
   // One bracketed read: {before = H1, value = R, after = H2}.  Times out with
   // a clear error when the device does not answer.

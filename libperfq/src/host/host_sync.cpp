@@ -57,6 +57,16 @@ EnoughReads HostSync::enough() const {
           static_cast<uint64_t>(q + std::max(sel.margin_ns, sel.margin_frac * q))};
 }
 
+void HostSync::next_round_in(std::chrono::microseconds in) {
+  if (in.count() <= 0) {
+    device_.announce_round(std::chrono::microseconds(0));
+    return;
+  }
+  // Counted from the end of the last round's reads, as the device counts.
+  const uint64_t since = reads_ended_ns_ == 0 ? 0 : (monotonic_ns() - reads_ended_ns_) / 1000;
+  device_.announce_round(in + std::chrono::microseconds(since));
+}
+
 Result<RoundResult> HostSync::round() {
   const uint64_t cpu0 = thread_cpu_ns();
   perfq_sync_page* page = device_.region().sync();
@@ -64,6 +74,7 @@ Result<RoundResult> HostSync::round() {
   if (next_round_ == 0) next_round_ = 1;  // round 0 means "closed"
 
   auto host = device_.clock_samples(r, opts_.samples, opts_.read_timeout, enough());
+  reads_ended_ns_ = monotonic_ns();
   if (!host) return host.status();
 
   // The device publishes its samples of round r as it sees the window close,

@@ -64,6 +64,11 @@ class HostSync {
   // Run one round.  A device that does not answer is an error (kTimeout)
   // and leaves the model as it was.
   Result<RoundResult> round();
+  // The next round() comes about `in` from now: the device may be awake
+  // for it (DeviceTransport::announce_round()), which saves the round a
+  // wakeup and a nap.  A hint: a round at another time works as ever.
+  // Zero or less: not known.
+  void next_round_in(std::chrono::microseconds in);
 
   const ClockSync& sync() const { return sync_; }
   const ClockRates& rates() const { return rates_; }
@@ -82,6 +87,7 @@ class HostSync {
   std::vector<SyncRound> rounds_;
   RoundGate gate_;
   uint32_t next_round_ = 1;
+  uint64_t reads_ended_ns_ = 0;  // monotonic_ns() once the last round's reads ended
   // The tightest host read of each of the last rounds (enough_reads).
   std::array<uint64_t, 64> tightest_{};
   size_t tightest_n_ = 0;

@@ -41,6 +41,10 @@ class ShmTransport final : public DeviceTransport {
   const Region& region() const override { return region_; }
   bool gone() const override { return gone_.load(std::memory_order_acquire); }
 
+  void announce_round(std::chrono::microseconds after_last) override {
+    if (!gone()) timer_.announce_window(after_last);
+  }
+
   Result<std::vector<perfq_clock_sample>> clock_samples(uint32_t round, size_t n,
                                                         std::chrono::microseconds timeout,
                                                         EnoughReads enough) override {
@@ -51,13 +55,13 @@ class ShmTransport final : public DeviceTransport {
       return Status(Errc::kUnavailable, spec_ + ": device gone (its region was cut short)");
     std::vector<perfq_clock_sample> out;
     out.reserve(n);
-    timer_.open_window(round);
-    // The device's server is asleep until the window opens.  Sleep a moment
+    // A server that was asleep until the window opened: sleep a moment
     // ourselves rather than spin: the woken server then gets a CPU of its
     // own instead of sharing ours (where every read would wait for us to be
-    // preempted).  The first read still gets the poll period on top of the
-    // timeout, for a device that polls instead of being woken.
-    std::this_thread::sleep_for(std::chrono::microseconds(500));
+    // preempted).  One that was awake for the round (announce_round()) has
+    // a CPU already.  The first read still gets the poll period on top of
+    // the timeout, for a device that polls instead of being woken.
+    if (!timer_.open_window(round)) std::this_thread::sleep_for(std::chrono::microseconds(500));
     const size_t at_least = std::min(n, kMinRoundSamples);
     size_t tight = 0;
     for (size_t i = 0; i < n; ++i) {

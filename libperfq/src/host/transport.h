@@ -66,6 +66,13 @@ class DeviceTransport {
       uint32_t round, size_t n, std::chrono::microseconds timeout = std::chrono::milliseconds(50),
       EnoughReads enough = {}) = 0;
 
+  // When the next round's clock_samples() will come, counted from the end
+  // of the last one: a device that polls may be awake for it, and then the
+  // round neither wakes it nor waits for it (perfq_timer_page's
+  // next_window_us).  A hint: a round at another time works as ever.  The
+  // driver's ioctl reads with the device as it is: nothing to announce.
+  virtual void announce_round(std::chrono::microseconds /*after_last*/) {}
+
   // True once the device is known to be gone (its mappings were revoked, or
   // the driver answered ENODEV).  The region then reads zeros, and
   // clock_samples() fails with Errc::kUnavailable "device gone".  Check it

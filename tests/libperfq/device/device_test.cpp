@@ -347,8 +347,9 @@ TEST_CASE("timer: a round with fewer answers than it needs fails with what it re
 
 // A device's timer server on its own thread, stopped however the test ends.
 struct RunningTimer {
-  RunningTimer(const Region& region, const DeviceClock& clock)
-      : server(region, clock), thread([this] { server.run(stop); }) {}
+  RunningTimer(const Region& region, const DeviceClock& clock,
+               TimerServer::Options o = TimerServer::Options{})
+      : server(region, clock, o), thread([this] { server.run(stop); }) {}
   ~RunningTimer() { finish(); }
   void finish() {
     stop = true;
@@ -447,6 +448,106 @@ TEST_CASE("host sync: rounds end their reads once enough were as tight as usual"
   // uneven), so that rounds are cut is checked with made-up reads ("host
   // sync: rounds ask for enough reads as tight as the usual best").
   if (enough == 0) CHECK(later == 44 * 48);
+}
+
+// The SDK's side of a round the host announced (perfq_timer_page's
+// next_window_us and serving), with R moved by hand: asleep until `lead`
+// before the window is due, awake (serving set: the host opens the window
+// without a wakeup) until `grace` after, then asleep for good; nothing
+// announced, or an announcement beyond an hour, is none.
+TEST_CASE("timer: the server is awake for the round the host announced, and only then",
+          "[device][timer]") {
+  TempShm shm("timer-announce");
+  Region region = make_region(shm, 64);
+  const uint64_t hz = GENERATE(as<uint64_t>{}, 1'000'000'000, 62'500'000, PERFQ_CLOCK_HZ_MAX);
+  perfq_region_header h = region.header();
+  h.timer_hz = hz;
+  uint64_t r = UINT64_MAX - 3'000'000;  // R: wraps on the way
+  const perfq_dev_port port{[](void*) -> uint64_t { return 0; },
+                            [](void* c) { return *static_cast<uint64_t*>(c); }, &r};
+  perfq_dev_timer t;
+  perfq_dev_timer_init(&t, region.base(), &h, &port);
+  const perfq_timer_page* page = region.timer();
+  TimerReader reader(region);
+  auto idle = [&] { return perfq_dev_timer_idle_us(&t, 200, 1000); };
+  uint64_t closed = 0;
+  auto after_close_us = [&](uint64_t us) {
+    r = closed + us / 1000 * hz / 1000 + us % 1000 * hz / 1'000'000;
+  };
+  auto round = [&](uint32_t n) {
+    const bool awake = reader.open_window(n);
+    CHECK(perfq_dev_timer_poll(&t) == PERFQ_DEV_TIMER_WAITING);
+    reader.close_window();
+    closed = r;
+    CHECK(perfq_dev_timer_poll(&t) == PERFQ_DEV_TIMER_PUBLISHED);
+    CHECK(perfq_dev_timer_poll(&t) == PERFQ_DEV_TIMER_CLOSED);
+    return awake;
+  };
+
+  reader.announce_window(std::chrono::milliseconds(10));
+  CHECK(idle() == UINT64_MAX);  // no window closed yet: 10 ms after what?
+  CHECK_FALSE(round(1));        // the server was asleep: woken
+  after_close_us(1000);
+  CHECK(idle() == 8801);  // until 200 us before the 10 ms (rounded up)
+  CHECK(page->serving == 0);
+  after_close_us(9850);
+  CHECK(idle() == 0);
+  CHECK(page->serving == 1);
+  after_close_us(10900);  // the host is late, within the grace
+  CHECK(idle() == 0);
+  CHECK(round(2));        // opened without a wakeup
+  after_close_us(11100);  // announced 10 ms again; 1.1 ms late: asleep
+  CHECK(idle() == UINT64_MAX);
+  CHECK(page->serving == 0);
+  after_close_us(10000);  // used up
+  CHECK(idle() == UINT64_MAX);
+  CHECK_FALSE(round(3));
+  // Withdrawn, or beyond an hour: none.
+  for (uint32_t us : {0u, 3'600'000'001u, UINT32_MAX}) {
+    region.timer()->next_window_us = us;
+    after_close_us(us == 0 ? 100 : 3'600'000'000);
+    CHECK(idle() == UINT64_MAX);
+    CHECK(page->serving == 0);
+  }
+}
+
+// With the real server thread: a round announced 30 ms ahead finds it
+// awake, not long before; the round works; and it sleeps again after.
+TEST_CASE("host sync: the device is awake for an announced round", "[device][timer][sync]") {
+  TempShm shm("timer-announced");
+  Region region = make_region(shm, 64);
+  SimClock clock{SimClockConfig{}};
+  TimerServer::Options o;
+  o.grace = std::chrono::seconds(2);  // a test thread may be late on a busy machine
+  RunningTimer timer(region, clock, o);
+  auto tr = open_transport("shm:" + shm.path());
+  REQUIRE(tr.is_ok());
+  HostSyncOptions ho;
+  ho.samples = 8;
+  HostSync hs(**tr, ho);
+  REQUIRE(hs.round().is_ok());
+  const perfq_timer_page* page = region.timer();
+  for (int i = 0; i < 3; ++i) {
+    const auto announced = std::chrono::steady_clock::now();
+    hs.next_round_in(std::chrono::milliseconds(30));
+    while (__atomic_load_n(&page->serving, __ATOMIC_ACQUIRE) == 0 &&
+           std::chrono::steady_clock::now() - announced < std::chrono::seconds(5))
+      std::this_thread::sleep_for(std::chrono::microseconds(100));
+    const auto awake = std::chrono::steady_clock::now() - announced;
+    const double awake_ms = std::chrono::duration<double, std::milli>(awake).count();
+    INFO("round " << i << ": awake " << awake_ms << " ms after the announcement");
+    REQUIRE(__atomic_load_n(&page->serving, __ATOMIC_ACQUIRE) == 1);
+    CHECK(awake >= std::chrono::microseconds(29'700));  // lead 200 us
+    auto r = hs.round();
+    INFO(r.status().message());
+    REQUIRE(r.is_ok());
+  }
+  hs.next_round_in(std::chrono::microseconds(0));  // nothing more: asleep
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+  while (__atomic_load_n(&page->serving, __ATOMIC_ACQUIRE) == 1 &&
+         std::chrono::steady_clock::now() < until)
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  CHECK(__atomic_load_n(&page->serving, __ATOMIC_ACQUIRE) == 0);
 }
 
 // A device whose rounds are made up: every host read of a round takes
