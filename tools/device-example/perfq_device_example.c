@@ -352,9 +352,11 @@ static void *timer_server(void *arg)
 	while (!atomic_load_explicit(&dev->stop_timer, memory_order_relaxed)) {
 		switch (perfq_dev_timer_poll(&dev->timer)) {
 		case PERFQ_DEV_TIMER_CLOSED: {
-			/* Awake from 200 us before the round the host announced
-			 * until 1 ms after; else asleep, 2 ms at most. */
-			const uint64_t idle_us = perfq_dev_timer_idle_us(&dev->timer, 200, 1000);
+			/* Awake from a little before the round the host
+			 * announced until a little after; else asleep, 2 ms at
+			 * most. */
+			const uint64_t idle_us = perfq_dev_timer_idle_us(&dev->timer, PERFQ_DEV_TIMER_LEAD_US,
+									   PERFQ_DEV_TIMER_GRACE_US);
 
 			if (idle_us == 0)
 				break;

@@ -625,7 +625,7 @@ void perfq_dev_timer_asleep(struct perfq_dev_timer *t)
 uint64_t perfq_dev_timer_idle_us(struct perfq_dev_timer *t, uint32_t lead_us, uint32_t grace_us)
 {
 	const uint32_t next_us = PERFQ_DEV_LOAD_RELAXED(&t->page->next_window_us);
-	uint64_t due, lead, elapsed;
+	uint64_t due, lead, elapsed, idle_us = UINT64_MAX;
 
 	if (!t->closed_seen || next_us == 0 || next_us > NEXT_WINDOW_MAX_US || t->timer_hz == 0 ||
 	    t->timer_hz > PERFQ_CLOCK_HZ_MAX)
@@ -634,22 +634,20 @@ uint64_t perfq_dev_timer_idle_us(struct perfq_dev_timer *t, uint32_t lead_us, ui
 	lead = ticks_of_us(lead_us, t->timer_hz);
 	elapsed = t->port->timer_read(t->port->ctx) - t->closed_r;
 	if (elapsed < due && due - elapsed > lead) {
-		if (t->serving)
-			perfq_dev_timer_asleep(t);
-		return us_of_ticks(due - elapsed - lead, t->timer_hz) + 1;
-	}
-	if (elapsed <= due || elapsed - due <= ticks_of_us(grace_us, t->timer_hz)) {
+		idle_us = us_of_ticks(due - elapsed - lead, t->timer_hz) + 1;
+	} else if (elapsed <= due || elapsed - due <= ticks_of_us(grace_us, t->timer_hz)) {
 		if (!t->serving) {
 			__atomic_store_n(&t->page->serving, 1u, __ATOMIC_RELEASE);
 			t->serving = true;
 		}
 		return 0;
+	} else {
+		t->closed_seen = false; /* the host did not come: used up */
 	}
-	t->closed_seen = false; /* the host did not come: used up */
 none:
 	if (t->serving)
 		perfq_dev_timer_asleep(t);
-	return UINT64_MAX;
+	return idle_us;
 }
 
 /* ------------------------------------------------------------------ */

@@ -378,6 +378,11 @@ enum perfq_dev_timer_event perfq_dev_timer_poll(struct perfq_dev_timer *t);
  *     cleared first, so the host wakes this device.
  * A host value beyond an hour counts as none. */
 uint64_t perfq_dev_timer_idle_us(struct perfq_dev_timer *t, uint32_t lead_us, uint32_t grace_us);
+/* The lead and grace a software timer server uses (devsim's and the
+ * example's): awake 0.2 ms before an announced round, until 1 ms after.
+ * A device whose wakeup is slower asks for a longer lead. */
+#define PERFQ_DEV_TIMER_LEAD_US 200u
+#define PERFQ_DEV_TIMER_GRACE_US 1000u
 /* Before any other sleep of the serving thread (a round open with no
  * reads for long): clears `serving`, so the host wakes it. */
 void perfq_dev_timer_asleep(struct perfq_dev_timer *t);

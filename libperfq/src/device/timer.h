@@ -22,6 +22,7 @@
 
 #include "core/region.h"
 #include "device/device_clock.h"
+#include "perfq/perfq_device.h"
 #include "perfq/status.h"
 
 namespace perfq {
@@ -63,8 +64,8 @@ class TimerServer {
     std::chrono::milliseconds spin_limit{20};  // spin without requests before sleeping again
     // Awake for a round the host announced (perfq_dev_timer_idle_us()):
     // from lead before it is due until grace after.
-    std::chrono::microseconds lead{200};
-    std::chrono::microseconds grace{1000};
+    std::chrono::microseconds lead{PERFQ_DEV_TIMER_LEAD_US};
+    std::chrono::microseconds grace{PERFQ_DEV_TIMER_GRACE_US};
     uint32_t sample_every = 3;  // device sample after every n-th answer (>= 1)
   };
   TimerServer(const Region& region, const DeviceClock& clock, Options opts);
