@@ -175,8 +175,10 @@ int cmd_sync(int argc, char** argv) {
   mean /= static_cast<double>(cpu.size());
   std::printf(
       "{\"rounds\":%zu,\"failed\":%d,\"median_cpu_ns\":%llu,\"mean_cpu_ns\":%.0f,"
-      "\"mean_reads\":%.1f,\"awake_rounds\":%zu}\n",
+      "\"p90_cpu_ns\":%llu,\"max_cpu_ns\":%llu,\"mean_reads\":%.1f,\"awake_rounds\":%zu}\n",
       cpu.size(), failed, static_cast<unsigned long long>(cpu[cpu.size() / 2]), mean,
+      static_cast<unsigned long long>(cpu[cpu.size() * 9 / 10]),
+      static_cast<unsigned long long>(cpu.back()),
       static_cast<double>(reads) / static_cast<double>(cpu.size()), awake);
   return 0;
 }
