@@ -4,6 +4,8 @@
 
 #include <cstdint>
 #include <cstring>
+#include <iterator>
+#include <utility>
 
 #include "perfq/trace.h"
 
@@ -51,6 +53,82 @@ inline void decode(const uint8_t* p, TraceRecord& r) {
   r.source = get<uint16_t>(p + 40);
   r.conv = static_cast<TraceConversion>(get<uint8_t>(p + 42));
   r.claim_ns = get<uint32_t>(p + 44);
+}
+
+// Records in columns (kChunkFlagColumns): a records chunk's n 48-byte
+// records as the same bytes in another order, one plane per field (n
+// values each, in the record's field order); index, time, arg and time_ns
+// stored as the difference from the previous record's (the first record's
+// from 0), modulo 2^64.  zstd finds the runs of equal fields and small
+// differences that rows interleave: docs/trace-format.md.
+struct RecordColumn {
+  uint8_t off, size;
+  bool delta;
+};
+inline constexpr RecordColumn kRecordColumns[] = {
+    {0, 8, true},  {8, 4, false},  {12, 2, false}, {14, 2, false}, {16, 8, true}, {24, 8, true},
+    {32, 8, true}, {40, 2, false}, {42, 1, false}, {43, 1, false}, {44, 4, false}};
+static_assert([] {
+  size_t at = 0;
+  for (const RecordColumn& c : kRecordColumns) {
+    if (c.off != at) return false;
+    at += c.size;
+  }
+  return at == kRecordSize;
+}());
+
+// Column K of the record in row, as stored at dst (prev: the previous
+// record's value of it).  The sizes and offsets are constants here, so the
+// copies are single loads and stores.
+template <size_t K>
+inline void put_column(uint8_t* dst, const uint8_t* row, uint64_t& prev) {
+  constexpr RecordColumn c = kRecordColumns[K];
+  uint64_t v = 0;
+  std::memcpy(&v, row + c.off, c.size);
+  const uint64_t w = c.delta ? v - prev : v;
+  prev = v;
+  std::memcpy(dst, &w, c.size);
+}
+
+template <size_t K>
+inline void get_column(uint8_t* rows, const uint8_t* planes, size_t n) {
+  constexpr RecordColumn c = kRecordColumns[K];
+  const uint8_t* plane = planes + n * c.off;  // the planes before it hold n * off bytes
+  uint64_t prev = 0;
+  for (size_t i = 0; i < n; ++i) {
+    uint64_t v = 0;
+    std::memcpy(&v, plane + i * c.size, c.size);
+    if (c.delta) v = prev += v;
+    std::memcpy(rows + i * kRecordSize + c.off, &v, c.size);
+  }
+}
+
+template <size_t... K>
+inline void encode_columns(uint8_t* out, const TraceRecord* r, size_t n,
+                           std::index_sequence<K...>) {
+  uint8_t row[kRecordSize];
+  uint64_t prev[sizeof...(K)] = {};
+  for (size_t i = 0; i < n; ++i) {
+    encode(row, r[i]);
+    (put_column<K>(out + n * kRecordColumns[K].off + i * kRecordColumns[K].size, row, prev[K]),
+     ...);
+  }
+}
+
+template <size_t... K>
+inline void decode_columns(uint8_t* rows, const uint8_t* planes, size_t n,
+                           std::index_sequence<K...>) {
+  (get_column<K>(rows, planes, n), ...);
+}
+
+// n records into kRecordSize * n bytes of columns at out.
+inline void encode_columns(uint8_t* out, const TraceRecord* r, size_t n) {
+  encode_columns(out, r, n, std::make_index_sequence<std::size(kRecordColumns)>());
+}
+
+// kRecordSize * n bytes of columns back into n 48-byte rows at rows.
+inline void decode_columns(uint8_t* rows, const uint8_t* planes, size_t n) {
+  decode_columns(rows, planes, n, std::make_index_sequence<std::size(kRecordColumns)>());
 }
 
 inline void encode(uint8_t* p, const TraceSyncSample& s) {

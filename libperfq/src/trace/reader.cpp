@@ -31,6 +31,7 @@ struct TraceReader::Impl {
   uint64_t error_offset = 0;
   std::vector<uint8_t> stored;
   std::vector<uint8_t> raw;
+  std::vector<uint8_t> rows;  // a records chunk in columns, as rows
   std::vector<TraceRecord> records;
   std::vector<TraceSyncSample> samples;
   std::vector<TraceClockModel> models;
@@ -255,8 +256,15 @@ Status TraceReader::Impl::load_chunk(uint64_t off, uint64_t chunk_no, const uint
         off, chunk_no, type,
         fmt::format("checksum mismatch (stored {:#010x}, computed {:#010x})", crc, computed));
   }
-  if (flags & ~kChunkFlagZstd) {
+  if (flags & ~(kChunkFlagZstd | kChunkFlagColumns)) {
     return corrupt(off, chunk_no, type, fmt::format("unknown flags {:#06x}", flags));
+  }
+  if ((flags & kChunkFlagColumns) &&
+      (type != static_cast<uint16_t>(ChunkType::kRecords) || raw_len % kRecordSize != 0)) {
+    return corrupt(off, chunk_no, type,
+                   fmt::format("flag {:#06x} (records in columns) on a {} chunk of {} bytes: "
+                               "only a records chunk of whole {}-byte records has it",
+                               kChunkFlagColumns, chunk_type_name(type), raw_len, kRecordSize));
   }
   c.payload = stored.data();
   if (flags & kChunkFlagZstd) {
@@ -276,6 +284,11 @@ Status TraceReader::Impl::load_chunk(uint64_t off, uint64_t chunk_no, const uint
     return corrupt(off, chunk_no, type,
                    fmt::format("uncompressed chunk with stored length {} != raw length {}",
                                stored_len, raw_len));
+  }
+  if (flags & kChunkFlagColumns) {  // back to rows
+    rows.resize(raw_len);
+    decode_columns(rows.data(), c.payload, raw_len / kRecordSize);
+    c.payload = rows.data();
   }
   return Status::ok();
 }

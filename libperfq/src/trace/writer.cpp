@@ -4,6 +4,7 @@
 #include <zstd.h>
 
 #include <cerrno>
+#include <cstring>
 #include <optional>
 #include <vector>
 
@@ -31,8 +32,11 @@ struct TraceWriter::Impl {
   std::optional<int64_t> watermark;  // the last one written
   bool closed = false;
 
+  ZSTD_CCtx* cctx = nullptr;  // one for every chunk (its tables are reused)
+
   ~Impl() {
     if (fd >= 0) ::close(fd);
+    ZSTD_freeCCtx(cctx);
   }
 
   Status write_all(const uint8_t* p, size_t n) {
@@ -57,7 +61,7 @@ struct TraceWriter::Impl {
   }
 
   // Writes `raw` as one chunk of `type` holding `count` items.
-  Status write_chunk(ChunkType type, uint32_t count, bool try_compress) {
+  Status write_chunk(ChunkType type, uint32_t count, bool try_compress, uint16_t flags = 0) {
     if (!failed.is_ok()) return failed;
     if (raw.size() > kTraceMaxChunkBytes) {
       return Status(Errc::kInvalidArgument,
@@ -65,23 +69,25 @@ struct TraceWriter::Impl {
                                 chunk_type_name(static_cast<uint16_t>(type)), raw.size(),
                                 kTraceMaxChunkBytes));
     }
-    uint16_t flags = 0;
-    out.resize(kTraceChunkHeaderSize);
+    // out only grows: resizing it for every chunk would clear it first.
+    auto room = [&](size_t n) {
+      if (out.size() < kTraceChunkHeaderSize + n) out.resize(kTraceChunkHeaderSize + n);
+    };
     size_t stored = raw.size();
-    if (try_compress && !raw.empty()) {
-      size_t bound = ZSTD_compressBound(raw.size());
-      out.resize(kTraceChunkHeaderSize + bound);
-      size_t z = ZSTD_compress(out.data() + kTraceChunkHeaderSize, bound, raw.data(), raw.size(),
-                               options.zstd_level);
+    if (try_compress && !raw.empty() && !cctx) cctx = ZSTD_createCCtx();
+    if (try_compress && !raw.empty() && cctx) {  // (without memory for it: stored as it is)
+      const size_t bound = ZSTD_compressBound(raw.size());
+      room(bound);
+      const size_t z = ZSTD_compressCCtx(cctx, out.data() + kTraceChunkHeaderSize, bound,
+                                         raw.data(), raw.size(), options.zstd_level);
       if (!ZSTD_isError(z) && z < raw.size()) {
         flags |= kChunkFlagZstd;
         stored = z;
-        out.resize(kTraceChunkHeaderSize + z);
       }
     }
     if (!(flags & kChunkFlagZstd)) {
-      out.resize(kTraceChunkHeaderSize);
-      out.insert(out.end(), raw.begin(), raw.end());
+      room(raw.size());
+      if (!raw.empty()) std::memcpy(out.data() + kTraceChunkHeaderSize, raw.data(), raw.size());
     }
     uint8_t* h = out.data();
     put<uint32_t>(h + 0, kTraceChunkMagic);
@@ -93,7 +99,7 @@ struct TraceWriter::Impl {
     uint32_t crc = crc32c(h, 20);
     crc = crc32c_extend(crc, h + kTraceChunkHeaderSize, stored);
     put<uint32_t>(h + 20, crc);
-    Status s = write_all(out.data(), out.size());
+    Status s = write_all(out.data(), kTraceChunkHeaderSize + stored);
     if (!s.is_ok()) return s;
     ++chunks;
     return Status::ok();
@@ -102,9 +108,13 @@ struct TraceWriter::Impl {
   Status flush_records() {
     if (pending.empty()) return failed;
     raw.resize(pending.size() * kRecordSize);
-    for (size_t i = 0; i < pending.size(); ++i) encode(raw.data() + i * kRecordSize, pending[i]);
-    Status s =
-        write_chunk(ChunkType::kRecords, static_cast<uint32_t>(pending.size()), options.compress);
+    if (options.columns) {
+      encode_columns(raw.data(), pending.data(), pending.size());
+    } else {
+      for (size_t i = 0; i < pending.size(); ++i) encode(raw.data() + i * kRecordSize, pending[i]);
+    }
+    Status s = write_chunk(ChunkType::kRecords, static_cast<uint32_t>(pending.size()),
+                           options.compress, options.columns ? kChunkFlagColumns : 0);
     if (s.is_ok()) records += pending.size();
     pending.clear();
     return s;

@@ -165,9 +165,10 @@ TraceClockModel test_model() {
 TraceLoss test_loss() { return {0, 12, TraceLossReason::kHostRingFull, 1000, 1'500'000'000, 4321}; }
 
 // Writes kManyRecords records in batches of 1000, plus samples, models and a loss.
-void write_big(const std::string& path, bool compress, uint64_t n) {
+void write_big(const std::string& path, bool compress, uint64_t n, bool columns = true) {
   TraceWriterOptions o;
   o.compress = compress;
+  o.columns = columns;
   auto w = TraceWriter::open(path, test_metadata(), o);
   REQUIRE(w.is_ok());
   std::vector<TraceRecord> batch;
@@ -244,9 +245,31 @@ TEST_CASE("crc32c: the standard check value", "[trace]") {
 
 TEST_CASE("trace: round trip of millions of records, every field equal", "[trace]") {
   const bool compress = GENERATE(false, true);
+  const bool columns = GENERATE(true, false);  // records chunks in columns, or as rows
   TempDir dir("trace");
   const std::string path = dir.file("big.pq");
-  write_big(path, compress, kManyRecords);
+  write_big(path, compress, kManyRecords, columns);
+  {
+    // Each records chunk says how its records lie (and is compressed or not).
+    const std::vector<uint8_t> bytes = slurp(path);
+    size_t records_chunks = 0;
+    for (uint64_t off = kTraceFileHeaderSize; off + kTraceChunkHeaderSize <= bytes.size();) {
+      uint16_t type, flags;
+      uint32_t stored;
+      std::memcpy(&type, &bytes[off + 4], 2);
+      std::memcpy(&flags, &bytes[off + 6], 2);
+      std::memcpy(&stored, &bytes[off + 8], 4);
+      if (type == static_cast<uint16_t>(ChunkType::kRecords)) {
+        ++records_chunks;
+        CHECK(((flags & kChunkFlagColumns) != 0) == columns);
+        CHECK(((flags & kChunkFlagZstd) != 0) == compress);
+      } else {
+        CHECK((flags & kChunkFlagColumns) == 0);
+      }
+      off += kTraceChunkHeaderSize + stored;
+    }
+    CHECK(records_chunks == (kManyRecords + 16383) / 16384);
+  }
 
   auto r = TraceReader::open(path);
   REQUIRE(r.is_ok());
@@ -882,6 +905,55 @@ TEST_CASE("trace: any flipped bit is caught at its chunk", "[trace]") {
   }
   ::close(fd);
   CHECK(flips > bytes.size());
+}
+
+TEST_CASE("trace: the columns flag only on records chunks of whole records", "[trace]") {
+  TempDir dir("trace");
+  const std::string path = dir.file("cols.pq");
+  {
+    TraceWriterOptions o;
+    o.compress = false;
+    auto w = TraceWriter::open(path, test_metadata(), o);
+    REQUIRE(w.is_ok());
+    std::vector<TraceRecord> recs = {nth_record(0), nth_record(1), nth_record(2)};
+    REQUIRE(w->append_records(recs).is_ok());
+    REQUIRE(w->close().is_ok());
+  }
+  const std::vector<uint8_t> good = slurp(path);
+  const Layout l = layout_of(good);
+  REQUIRE(l.chunk_starts.size() == 4);  // metadata, records, end, end of file
+  // Rewrites chunk k's flags (and its checksum, so that only the flag is wrong).
+  auto with_flags = [&](size_t k, uint16_t flags, uint32_t raw_len) {
+    std::vector<uint8_t> b = good;
+    uint8_t* h = b.data() + l.chunk_starts[k];
+    std::memcpy(h + 6, &flags, 2);
+    std::memcpy(h + 12, &raw_len, 4);
+    uint32_t stored;
+    std::memcpy(&stored, h + 8, 4);
+    const uint32_t crc = crc32c_extend(crc32c(h, 20), h + kTraceChunkHeaderSize, stored);
+    std::memcpy(h + 20, &crc, 4);
+    spit(path, b.data(), b.size());
+    auto r = TraceReader::open(path);
+    REQUIRE(r.is_ok());
+    LayoutVisitor v;
+    Status s = r->read(v);
+    return std::pair{s, r->error_offset()};
+  };
+  uint32_t meta_len;
+  std::memcpy(&meta_len, good.data() + l.chunk_starts[0] + 12, 4);
+  auto [meta, meta_at] = with_flags(0, kChunkFlagColumns, meta_len);
+  CHECK(meta.code() == Errc::kCorrupt);
+  CHECK(meta_at == l.chunk_starts[0]);
+  CHECK_THAT(meta.message(),
+             Catch::Contains("records in columns") && Catch::Contains("metadata chunk"));
+  auto [part, part_at] = with_flags(1, kChunkFlagColumns, 3 * 48 - 1);
+  CHECK(part.code() == Errc::kCorrupt);
+  CHECK(part_at == l.chunk_starts[1]);
+  CHECK_THAT(part.message(), Catch::Contains("records chunk of 143 bytes"));
+  auto [unknown, unknown_at] = with_flags(1, 4, 3 * 48);
+  CHECK(unknown.code() == Errc::kCorrupt);
+  CHECK(unknown_at == l.chunk_starts[1]);
+  CHECK_THAT(unknown.message(), Catch::Contains("unknown flags 0x0004"));
 }
 
 TEST_CASE("trace: a garbage tail and absurd lengths are refused without big allocations",
