@@ -20,7 +20,6 @@
 #include <fcntl.h>
 #include <linux/futex.h>
 #include <pthread.h>
-#include <sched.h>
 #include <signal.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -375,20 +374,10 @@ static void *timer_server(void *arg)
 			break;
 		case PERFQ_DEV_TIMER_WAITING:
 			atomic_store(&dev->go, 1);
-			/* A host gone quiet (it died mid-round): poll slowly.
-			 * Quiet for longer than a read takes: this software
-			 * device shares the host's CPUs, so let the host's
-			 * reader have this one (a device with cores of its own
-			 * just polls). */
-			if ((++n & 63) == 0) {
-				const uint64_t quiet = clock_ns(CLOCK_MONOTONIC) - quiet_since;
-
-				if (quiet > 20000000) {
-					perfq_dev_timer_asleep(&dev->timer);
-					futex(&page->window, FUTEX_WAIT, dev->timer.round, 2000000);
-				} else if (quiet > 20000) {
-					sched_yield();
-				}
+			/* A host gone quiet (it died mid-round): poll slowly. */
+			if ((++n & 255) == 0 && clock_ns(CLOCK_MONOTONIC) - quiet_since > 20000000) {
+				perfq_dev_timer_asleep(&dev->timer);
+				futex(&page->window, FUTEX_WAIT, dev->timer.round, 2000000);
 			}
 			break;
 		}

@@ -76,22 +76,11 @@ void TimerServer::run(const std::atomic<bool>& stop) {
       case PERFQ_DEV_TIMER_WAITING:
         cpu_relax();
         // A reader gone quiet for spin_limit (it died, or forgot to close
-        // the window): poll slowly until its next request.  Quiet for more
-        // than a read takes (the host between reads, or not running): give
-        // the CPU away, since this thread shares the host's CPUs and may
-        // share the very CPU the host's reader waits for (at nice -15, it
-        // would keep it for a whole time slice per read: at 3 M records/s
-        // on 2 vCPUs this thread spun 12-25 % of a CPU with windows open
-        // 8 ms on average; yielding, 3-4 %).
-        if ((n & 63) == 0) {
-          const uint64_t quiet = monotonic_ns() - quiet_since;
-          if (quiet > limit) {
-            perfq_dev_timer_asleep(&t);
-            futex_wait(window, t.round, opts_.poll);
-            quiet_since = monotonic_ns() - limit;
-          } else if (quiet > 20'000) {
-            sched_yield();
-          }
+        // the window): poll slowly until its next request.
+        if ((n & 255) == 0 && monotonic_ns() - quiet_since > limit) {
+          perfq_dev_timer_asleep(&t);
+          futex_wait(window, t.round, opts_.poll);
+          quiet_since = monotonic_ns() - limit;
         }
         break;
     }
