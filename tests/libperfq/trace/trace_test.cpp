@@ -243,33 +243,76 @@ TEST_CASE("crc32c: the standard check value", "[trace]") {
   CHECK(crc32c_extend(crc32c(s, 10), s + 10, std::strlen(s) - 10) == whole);
 }
 
+// Offsets at which each chunk starts, from a clean read of `path`.
+struct Layout {
+  std::vector<uint64_t> chunk_starts;    // includes the end-of-file offset last
+  std::vector<uint64_t> records_before;  // records in the chunks before chunk k
+  std::vector<uint16_t> types, flags;    // chunk k's header fields
+};
+
+class LayoutVisitor : public TraceVisitor {
+ public:
+  Status on_records(std::span<const TraceRecord> r) override {
+    records += r.size();
+    return Status::ok();
+  }
+  uint64_t records = 0;
+};
+
+Layout layout_of(const std::vector<uint8_t>& bytes) {
+  // Walk the chunk headers (the file is known good).
+  Layout l;
+  uint64_t off = kTraceFileHeaderSize;
+  uint64_t recs = 0;
+  while (off < bytes.size()) {
+    l.chunk_starts.push_back(off);
+    l.records_before.push_back(recs);
+    uint16_t type, flags;
+    uint32_t stored, count;
+    std::memcpy(&type, &bytes[off + 4], 2);
+    std::memcpy(&flags, &bytes[off + 6], 2);
+    std::memcpy(&stored, &bytes[off + 8], 4);
+    l.types.push_back(type);
+    l.flags.push_back(flags);
+    std::memcpy(&count, &bytes[off + 16], 4);
+    if (type == static_cast<uint16_t>(ChunkType::kRecords)) recs += count;
+    off += kTraceChunkHeaderSize + stored;
+  }
+  l.chunk_starts.push_back(off);
+  l.records_before.push_back(recs);
+  return l;
+}
+
+// A chunk's checksum made right again after a test changed its header or
+// payload, so that only the change is wrong.  h: its header, whole chunk
+// in memory.
+void reseal_chunk(uint8_t* h) {
+  uint32_t stored;
+  std::memcpy(&stored, h + 8, 4);
+  const uint32_t crc = crc32c_extend(crc32c(h, 20), h + kTraceChunkHeaderSize, stored);
+  std::memcpy(h + 20, &crc, 4);
+}
+
 TEST_CASE("trace: round trip of millions of records, every field equal", "[trace]") {
   const bool compress = GENERATE(false, true);
   const bool columns = GENERATE(true, false);  // records chunks in columns, or as rows
   TempDir dir("trace");
   const std::string path = dir.file("big.pq");
   write_big(path, compress, kManyRecords, columns);
-  {
-    // Each records chunk says how its records lie (and is compressed or not).
-    const std::vector<uint8_t> bytes = slurp(path);
-    size_t records_chunks = 0;
-    for (uint64_t off = kTraceFileHeaderSize; off + kTraceChunkHeaderSize <= bytes.size();) {
-      uint16_t type, flags;
-      uint32_t stored;
-      std::memcpy(&type, &bytes[off + 4], 2);
-      std::memcpy(&flags, &bytes[off + 6], 2);
-      std::memcpy(&stored, &bytes[off + 8], 4);
-      if (type == static_cast<uint16_t>(ChunkType::kRecords)) {
-        ++records_chunks;
-        CHECK(((flags & kChunkFlagColumns) != 0) == columns);
-        CHECK(((flags & kChunkFlagZstd) != 0) == compress);
-      } else {
-        CHECK((flags & kChunkFlagColumns) == 0);
-      }
-      off += kTraceChunkHeaderSize + stored;
+  // Each records chunk says how its records lie (and is compressed or not).
+  const Layout l = layout_of(slurp(path));
+  size_t records_chunks = 0;
+  for (size_t k = 0; k + 1 < l.chunk_starts.size(); ++k) {
+    if (l.types[k] == static_cast<uint16_t>(ChunkType::kRecords)) {
+      ++records_chunks;
+      CHECK(((l.flags[k] & kChunkFlagColumns) != 0) == columns);
+      CHECK(((l.flags[k] & kChunkFlagZstd) != 0) == compress);
+    } else {
+      CHECK((l.flags[k] & kChunkFlagColumns) == 0);
     }
-    CHECK(records_chunks == (kManyRecords + 16383) / 16384);
   }
+  const size_t per_chunk = TraceWriterOptions{}.records_per_chunk;
+  CHECK(records_chunks == (kManyRecords + per_chunk - 1) / per_chunk);
 
   auto r = TraceReader::open(path);
   REQUIRE(r.is_ok());
@@ -467,42 +510,6 @@ TEST_CASE("trace: a full disk is an error, not silence", "[trace]") {
   REQUIRE(!w.is_ok());
   CHECK(w.status().code() == Errc::kIo);
   CHECK_THAT(w.status().message(), Catch::Contains("/dev/full") && Catch::Contains("space"));
-}
-
-// Offsets at which each chunk starts, from a clean read of `path`.
-struct Layout {
-  std::vector<uint64_t> chunk_starts;    // includes the end-of-file offset last
-  std::vector<uint64_t> records_before;  // records in the chunks before chunk k
-};
-
-class LayoutVisitor : public TraceVisitor {
- public:
-  Status on_records(std::span<const TraceRecord> r) override {
-    records += r.size();
-    return Status::ok();
-  }
-  uint64_t records = 0;
-};
-
-Layout layout_of(const std::vector<uint8_t>& bytes) {
-  // Walk the chunk headers (the file is known good).
-  Layout l;
-  uint64_t off = kTraceFileHeaderSize;
-  uint64_t recs = 0;
-  while (off < bytes.size()) {
-    l.chunk_starts.push_back(off);
-    l.records_before.push_back(recs);
-    uint16_t type;
-    uint32_t stored, count;
-    std::memcpy(&type, &bytes[off + 4], 2);
-    std::memcpy(&stored, &bytes[off + 8], 4);
-    std::memcpy(&count, &bytes[off + 16], 4);
-    if (type == static_cast<uint16_t>(ChunkType::kRecords)) recs += count;
-    off += kTraceChunkHeaderSize + stored;
-  }
-  l.chunk_starts.push_back(off);
-  l.records_before.push_back(recs);
-  return l;
 }
 
 TEST_CASE("trace: cut at every byte of the last chunks, the reader stops there", "[trace]") {
@@ -794,9 +801,7 @@ TEST_CASE("trace: a file's structure is checked, not only its chunks", "[trace]"
     std::vector<uint8_t> end = chunk(4);
     const uint64_t claimed = 999'999;
     std::memcpy(&end[kTraceChunkHeaderSize], &claimed, 8);  // TraceEnd::records
-    const uint32_t crc = crc32c_extend(crc32c(end.data(), 20), &end[kTraceChunkHeaderSize],
-                                       end.size() - kTraceChunkHeaderSize);
-    std::memcpy(&end[20], &crc, 4);
+    reseal_chunk(end.data());
     Read r = read(file("end-lies.pq", {chunk(0), chunk(1), chunk(2), chunk(3), end}));
     REQUIRE(r.status.is_ok());
     REQUIRE(r.summary.problems.size() == 1);
@@ -922,16 +927,13 @@ TEST_CASE("trace: the columns flag only on records chunks of whole records", "[t
   const std::vector<uint8_t> good = slurp(path);
   const Layout l = layout_of(good);
   REQUIRE(l.chunk_starts.size() == 4);  // metadata, records, end, end of file
-  // Rewrites chunk k's flags (and its checksum, so that only the flag is wrong).
+  // Rewrites chunk k's flags and raw length.
   auto with_flags = [&](size_t k, uint16_t flags, uint32_t raw_len) {
     std::vector<uint8_t> b = good;
     uint8_t* h = b.data() + l.chunk_starts[k];
     std::memcpy(h + 6, &flags, 2);
     std::memcpy(h + 12, &raw_len, 4);
-    uint32_t stored;
-    std::memcpy(&stored, h + 8, 4);
-    const uint32_t crc = crc32c_extend(crc32c(h, 20), h + kTraceChunkHeaderSize, stored);
-    std::memcpy(h + 20, &crc, 4);
+    reseal_chunk(h);
     spit(path, b.data(), b.size());
     auto r = TraceReader::open(path);
     REQUIRE(r.is_ok());
