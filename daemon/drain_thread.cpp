@@ -186,6 +186,10 @@ long DeviceDrainThread::poll_once(DeviceDrain& drain, std::vector<perfq_record>&
     set_state("failed", n.status().message());
     return -1;
   }
+  // Mode B: the lines the device converted with, for the bounds.
+  lines_.clear();
+  drain.new_lines(lines_);
+  for (const auto& l : lines_) conv_.add_device_line(l);
   auto model = sync_.model();
   // A newer model (or the wait is over): what waits and it converts,
   // passed on in batches (no bound yet: what waits is older).
@@ -195,7 +199,7 @@ long DeviceDrainThread::poll_once(DeviceDrain& drain, std::vector<perfq_record>&
   }
   admit(drain, out, 0);
   const size_t fresh = out.size();
-  dropped_no_clock_ += conv_.feed(batch, model.get(), t0, read_ns, out);
+  dropped_no_clock_ += conv_.feed(batch, model.get(), t0, read_ns, out, drain.last_lines());
   admit(drain, out, fresh);
   frontier_.clear();
   for (size_t i = fresh; i < out.size(); ++i) frontier_.note(out[i].rec.stream, out[i].time_ns);

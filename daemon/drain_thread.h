@@ -82,8 +82,9 @@ class DeviceDrainThread {
   std::atomic<bool> stop_{false};
 
   perfq::OnlineConverter conv_;
-  bool draining_out_ = false;  // stopping: what waits is not capped
-  StreamFrontier frontier_;    // each stream's newest converted time in a poll
+  std::vector<perfq_sync_line_pub> lines_;  // poll_once()'s scratch
+  bool draining_out_ = false;               // stopping: what waits is not capped
+  StreamFrontier frontier_;                 // each stream's newest converted time in a poll
   uint64_t dropped_no_clock_ = 0;
   uint64_t before_start_ = 0;
 

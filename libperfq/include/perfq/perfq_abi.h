@@ -331,6 +331,30 @@ enum perfq_sync_mode {
 	PERFQ_SYNC_MODE_B = 1, /* host sends samples, device computes */
 };
 
+/*
+ * Mode B: a line the device converts its times with (device -> host), so
+ * that the host can bound what the device converted with its own model
+ * (the device's differs: it fits the rounds it took, and takes the newest
+ * when late).  host = host_ref_ns + host_frac + (d - device_ref) *
+ * ns_per_tick, the two doubles stored as their IEEE-754 bits.  Written
+ * under `seq` (odd while written) in slot id % PERFQ_SYNC_LINES, before
+ * `lines_newest` names it and before any record converted with it is
+ * published: a record the host reads after seeing lines_newest = n was
+ * converted with line n or a later one, and one it read before it loaded
+ * lines_newest = m with line m or an earlier one.  A device that publishes
+ * no lines (lines_newest 0) has its converted times kept without a bound.
+ */
+#define PERFQ_SYNC_LINES 8u
+struct perfq_sync_line_pub {
+	perfq_u64 seq;
+	perfq_u64 id; /* 1, 2, ...: lines_newest when it was published */
+	perfq_u64 device_ref;
+	perfq_u64 host_ref_ns;
+	perfq_u64 host_frac; /* double bits: ns in [0, 1) past host_ref_ns */
+	perfq_u64 ns_per_tick; /* double bits: host ns per device tick */
+	perfq_u64 reserved[2];
+};
+
 struct perfq_sync_page {
 	struct perfq_sync_model model; /* host -> device: the time sync buffer */
 	perfq_u32 mode; /* enum perfq_sync_mode, host -> device */
@@ -338,6 +362,10 @@ struct perfq_sync_page {
 	perfq_u64 reserved[7];
 	struct perfq_sample_batch device_samples; /* device -> host: (R1, D, R1) */
 	struct perfq_sample_batch mailbox; /* host -> device, mode B: (H1, R2, H2) */
+	/* device -> host, mode B: the lines the device converts with */
+	perfq_u64 lines_newest; /* id of the newest line published (0: none) */
+	perfq_u64 reserved1[7];
+	struct perfq_sync_line_pub lines[PERFQ_SYNC_LINES];
 };
 
 /* ------------------------------------------------------------------ */
@@ -514,7 +542,10 @@ PERFQ_CHECK_OFFSET(perfq_sync_model, valid_from_device, 40);
 PERFQ_CHECK_OFFSET(perfq_sync_model, segment, 48);
 PERFQ_CHECK_SIZE(perfq_sample_batch, 64 + PERFQ_SYNC_MAX_SAMPLES * 32);
 PERFQ_CHECK_OFFSET(perfq_sample_batch, samples, 64);
-PERFQ_CHECK_SIZE(perfq_sync_page, 192 + 2 * (64 + PERFQ_SYNC_MAX_SAMPLES * 32));
+PERFQ_CHECK_SIZE(perfq_sync_line_pub, 64);
+PERFQ_CHECK_SIZE(perfq_sync_page,
+		 192 + 2 * (64 + PERFQ_SYNC_MAX_SAMPLES * 32) + 64 + PERFQ_SYNC_LINES * 64);
+PERFQ_CHECK_OFFSET(perfq_sync_page, lines_newest, 192 + 2 * (64 + PERFQ_SYNC_MAX_SAMPLES * 32));
 PERFQ_CHECK_OFFSET(perfq_sync_page, mode, 128);
 PERFQ_CHECK_OFFSET(perfq_sync_page, device_samples, 192);
 

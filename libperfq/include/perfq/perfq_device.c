@@ -498,6 +498,49 @@ int perfq_dev_model_read(const struct perfq_sync_model *src, struct perfq_sync_m
 	return PERFQ_DEV_EAGAIN;
 }
 
+void perfq_dev_line_publish(struct perfq_sync_page *p, const struct perfq_sync_line_pub *l)
+{
+	struct perfq_sync_line_pub *dst = &p->lines[l->id % PERFQ_SYNC_LINES];
+	const uint64_t done = seq_begin(&dst->seq);
+
+	PUT(&dst->id, l->id);
+	PUT(&dst->device_ref, l->device_ref);
+	PUT(&dst->host_ref_ns, l->host_ref_ns);
+	PUT(&dst->host_frac, l->host_frac);
+	PUT(&dst->ns_per_tick, l->ns_per_tick);
+	seq_end(&dst->seq, done);
+	/* Pairs with the host's acquire: the slot first.  Before any record
+	 * converted with it is published (the collector's tail). */
+	PERFQ_DEV_STORE_RELEASE(&p->lines_newest, l->id);
+}
+
+int perfq_dev_line_read(const struct perfq_sync_page *p, uint64_t id,
+			struct perfq_sync_line_pub *out, uint32_t max_tries)
+{
+	const struct perfq_sync_line_pub *src = &p->lines[id % PERFQ_SYNC_LINES];
+	uint32_t i;
+
+	for (i = 0; i < max_tries; i++) {
+		const uint64_t s1 = GET(&src->seq);
+		struct perfq_sync_line_pub l;
+
+		if (s1 & 1)
+			continue;
+		__builtin_memset(&l, 0, sizeof(l));
+		l.id = GET(&src->id);
+		l.device_ref = GET(&src->device_ref);
+		l.host_ref_ns = GET(&src->host_ref_ns);
+		l.host_frac = GET(&src->host_frac);
+		l.ns_per_tick = GET(&src->ns_per_tick);
+		if (PERFQ_DEV_LOAD_RELAXED(&src->seq) != s1)
+			continue;
+		l.seq = s1;
+		*out = l;
+		return PERFQ_DEV_OK;
+	}
+	return PERFQ_DEV_EAGAIN;
+}
+
 #undef PUT
 #undef GET
 
@@ -1790,6 +1833,33 @@ void perfq_dev_mode_b_init(struct perfq_dev_mode_b *m, void *base,
 	perfq_sync_default_selection(&m->sel);
 	perfq_sync_online_init(&m->online, &rates, &cfg, NULL);
 	perfq_sync_gate_init(&m->gate, &gc);
+	/* Line numbers go on from a collector that ran on this region before. */
+	m->line.id = PERFQ_DEV_LOAD_ACQUIRE(&m->sync->lines_newest);
+}
+
+/* Publishes the model's line when it changed (a round taken, a step
+ * confirmed): before the collector converts a record with it. */
+PERFQ_STATIC_ASSERT(sizeof(double) == sizeof(perfq_u64), "a line's doubles as their bits");
+
+static void publish_line(struct perfq_dev_mode_b *m)
+{
+	const struct perfq_sync_line *c = &m->online.current;
+	struct perfq_sync_line_pub l;
+
+	if (!c->valid)
+		return;
+	__builtin_memset(&l, 0, sizeof(l));
+	l.device_ref = c->device_ref;
+	l.host_ref_ns = c->host_ref;
+	__builtin_memcpy(&l.host_frac, &c->host_frac, sizeof(l.host_frac));
+	__builtin_memcpy(&l.ns_per_tick, &c->ns_per_tick, sizeof(l.ns_per_tick));
+	if (m->line.id && l.device_ref == m->line.device_ref &&
+	    l.host_ref_ns == m->line.host_ref_ns && l.host_frac == m->line.host_frac &&
+	    l.ns_per_tick == m->line.ns_per_tick)
+		return;
+	l.id = m->line.id + 1;
+	perfq_dev_line_publish(m->sync, &l);
+	m->line = l;
 }
 
 void perfq_dev_mode_b_poll(void *ctx)
@@ -1824,6 +1894,7 @@ void perfq_dev_mode_b_poll(void *ctx)
 	if (perfq_sync_observe(m->host, nh, m->dev, nd, &m->online.rates, &sel, hround, m->cand,
 			       &obs, NULL) == PERFQ_SYNC_OBS_OK)
 		perfq_sync_gate_feed(&m->gate, &m->online, &obs);
+	publish_line(m);
 	m->converting = m->online.current.valid;
 }
 

@@ -325,6 +325,14 @@ int perfq_dev_batch_read(const struct perfq_sample_batch *src, struct perfq_cloc
 void perfq_dev_model_write(struct perfq_sync_model *dst, const struct perfq_sync_model *m);
 int perfq_dev_model_read(const struct perfq_sync_model *src, struct perfq_sync_model *out,
 			 uint32_t max_tries);
+/* Mode B's lines (perfq_sync_page.lines): publish l (l->id the next
+ * number, seq ignored) in its slot, then name it in lines_newest; and a
+ * consistent copy of the slot of line `id` (EAGAIN when none was within
+ * max_tries; the caller compares out->id with the id it asked for: the
+ * slot may hold a later line, or none yet). */
+void perfq_dev_line_publish(struct perfq_sync_page *p, const struct perfq_sync_line_pub *l);
+int perfq_dev_line_read(const struct perfq_sync_page *p, uint64_t id,
+			struct perfq_sync_line_pub *out, uint32_t max_tries);
 
 /* host = host_ref_ns + (d - device_ref) * (1e9 + rate_ppb) / 1e9, exactly,
  * rounded to nearest (half away from zero), modular in u64: what a device
@@ -636,6 +644,7 @@ struct perfq_dev_mode_b {
 	uint64_t mailbox_seq; /* the last mailbox copy looked at */
 	uint32_t round;	      /* the last round taken */
 	bool converting;      /* the host asked for mode B and a model exists */
+	struct perfq_sync_line_pub line; /* the line published last (id 0: none) */
 	struct perfq_clock_sample host[PERFQ_SYNC_MAX_SAMPLES];
 	struct perfq_clock_sample dev[PERFQ_SYNC_MAX_SAMPLES];
 	struct perfq_sync_cand cand[2 * PERFQ_SYNC_MAX_SAMPLES];

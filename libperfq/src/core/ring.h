@@ -312,6 +312,9 @@ class SpscConsumer {
   uint64_t capacity() const noexcept { return mask_ + 1; }
   uint64_t head() const noexcept { return head_; }
   uint64_t published() const noexcept { return published_; }  // the newest tail read
+  // How many times the tail was read (one that was sound): a caller that
+  // must know whether a peek() read it anew compares this before and after.
+  uint64_t tail_loads() const noexcept { return tail_loads_; }
   const RingFault& fault() const noexcept { return fault_; }
 
   // Elements readable now, up to max.  The tail is re-read only when the
@@ -400,6 +403,7 @@ class SpscConsumer {
       return false;
     }
     published_ = t;
+    ++tail_loads_;
     if (t > tail_cache_) tail_cache_ = t;
     return true;
   }
@@ -410,6 +414,7 @@ class SpscConsumer {
   uint64_t head_ = 0;
   uint64_t tail_cache_ = 0;  // readable up to here (the tail, or `written`)
   uint64_t published_ = 0;   // the newest tail read
+  uint64_t tail_loads_ = 0;
   RingFault fault_;
 };
 

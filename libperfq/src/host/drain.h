@@ -9,6 +9,7 @@
 #pragma once
 
 #include <cstdint>
+#include <deque>
 #include <map>
 #include <string>
 #include <vector>
@@ -17,6 +18,7 @@
 #include "core/ring.h"
 #include "perfq/perfq_abi.h"
 #include "perfq/status.h"
+#include "sync/online_convert.h"
 
 namespace perfq {
 
@@ -70,6 +72,15 @@ class DeviceDrain {
   // The device has stopped and everything it published has been read.
   bool finished();
 
+  // Mode B: the lines (perfq_sync_page::lines) the records the last poll()
+  // returned may have been converted with, and the lines published since
+  // the last call (read, not checked: OnlineConverter::add_device_line()).
+  // The device publishes a line before it converts with it, so records
+  // beyond the tail the host read after seeing line n were converted with
+  // n or later, and those it read before seeing line m with m or earlier.
+  LineIds last_lines() const { return last_lines_; }
+  void new_lines(std::vector<perfq_sync_line_pub>& out);
+
   const std::map<uint16_t, StreamAccount>& streams() const { return streams_; }
   uint64_t invalid() const { return invalid_; }
   const std::string& first_invalid() const { return first_invalid_; }
@@ -81,6 +92,18 @@ class DeviceDrain {
   std::map<uint16_t, StreamAccount> streams_;
   uint64_t invalid_ = 0;
   std::string first_invalid_;
+  // Mode B's lines: per tail read, the records below `tail` (and above the
+  // tail read before) were converted with a line in [lo, hi].
+  struct LineSpan {
+    uint64_t tail, lo, hi;
+  };
+  uint64_t lines_newest();
+  std::deque<LineSpan> line_spans_;
+  uint64_t line_lo_ = 0;       // lo beyond the last span's tail
+  uint64_t lines_seen_ = 0;    // the highest lines_newest read
+  uint64_t lines_read_ = 0;    // the newest line new_lines() copied
+  bool lines_broken_ = false;  // lines_newest went back: bounds no more
+  LineIds last_lines_;
 };
 
 }  // namespace perfq

@@ -4,7 +4,9 @@
 #include <algorithm>
 #include <array>
 #include <cmath>
+#include <cstring>
 #include <iterator>
+#include <limits>
 
 namespace perfq {
 
@@ -12,6 +14,28 @@ namespace {
 
 bool device_domain(const perfq_record& r) {
   return PERFQ_FLAGS_DOMAIN(r.flags) == PERFQ_CLOCK_DEVICE;
+}
+
+// Mode B's lines kept (ids), and the most a read may have been converted
+// with (a device publishes one a round: a read spans more only when the
+// drain stalled for rounds).
+constexpr size_t kMaxLines = 64;
+constexpr uint64_t kMaxLineCandidates = PERFQ_SYNC_LINES;
+
+double from_bits(uint64_t b) {
+  double d;
+  std::memcpy(&d, &b, sizeof d);
+  return d;
+}
+
+// The device time a line put at host time t (the line's inverse, within a
+// tick: the device rounded its product to a nanosecond).
+uint64_t device_time_at(const perfq_sync_line& l, uint64_t t) {
+  const long double dx =
+      (static_cast<long double>(time_diff(t, l.host_ref)) - l.host_frac) / l.ns_per_tick;
+  const long double lim = 9.0e18L;
+  const auto ticks = static_cast<int64_t>(std::llround(std::clamp(dx, -lim, lim)));
+  return l.device_ref + static_cast<uint64_t>(ticks);
 }
 
 }  // namespace
@@ -42,8 +66,25 @@ OnlineConverter::OnlineConverter(Options o)
           static_cast<int64_t>(o_.back_step_ns * static_cast<double>(o_.device_clock_hz) / 1e9) +
           1) {}
 
-OnlineConverter::Held::Read OnlineConverter::read_state(const ConversionModel* m, int64_t read_ns) {
-  return {read_ns, m ? m->current.segment : 0, m && m->contradicted};
+OnlineConverter::Held::Read OnlineConverter::read_state(const ConversionModel* m, int64_t read_ns,
+                                                        LineIds lines) {
+  return {read_ns, m ? m->current.segment : 0, m && m->contradicted, lines};
+}
+
+void OnlineConverter::add_device_line(const perfq_sync_line_pub& l) {
+  DeviceLine& k = lines_[l.id];
+  k.line = {};
+  k.line.device_ref = l.device_ref;
+  k.line.host_ref = l.host_ref_ns;
+  k.line.host_frac = from_bits(l.host_frac);
+  k.line.ns_per_tick = from_bits(l.ns_per_tick);
+  k.line.valid = true;
+  // Untrusted: a rate a clock of the declared frequency could have.
+  const double nominal = 1e9 / static_cast<double>(o_.device_clock_hz);
+  k.usable = std::isfinite(k.line.host_frac) && k.line.host_frac >= 0 && k.line.host_frac <= 1 &&
+             std::isfinite(k.line.ns_per_tick) && k.line.ns_per_tick >= 0.5 * nominal &&
+             k.line.ns_per_tick <= 2 * nominal;
+  while (lines_.size() > kMaxLines) lines_.erase(lines_.begin());
 }
 
 void OnlineConverter::emit(const TraceRecord& tr, StreamClock& sc, std::vector<TraceRecord>& out) {
@@ -53,8 +94,9 @@ void OnlineConverter::emit(const TraceRecord& tr, StreamClock& sc, std::vector<T
 }
 
 uint64_t OnlineConverter::feed(std::span<const perfq_record> batch, const ConversionModel* m,
-                               int64_t now, int64_t read_ns, std::vector<TraceRecord>& out) {
-  const Held::Read rs = read_state(m, read_ns);
+                               int64_t now, int64_t read_ns, std::vector<TraceRecord>& out,
+                               LineIds lines) {
+  const Held::Read rs = read_state(m, read_ns, lines);
   uint64_t dropped = 0;
   StreamClock* sc = nullptr;
   for (const auto& r : batch) {
@@ -324,7 +366,7 @@ bool OnlineConverter::convert(const perfq_record& r, const StreamClock& sc, uint
                               TraceRecord* out) const {
   out->source = o_.source;
   out->rec = r;
-  if (!device_domain(r)) return confirm_device_time(r, m, force, rs, out);
+  if (!device_domain(r)) return confirm_device_time(r, sc, epoch, m, force, rs, out);
   if (!m) return false;
   if (!force && m->rounds < kMinModelRounds) return false;
   const PiecewiseModel& h = m->history;
@@ -368,19 +410,23 @@ bool OnlineConverter::convert(const perfq_record& r, const StreamClock& sc, uint
 }
 
 // A time mode B's device converted (PERFQ_CLOCK_HOST_BY_DEVICE): the
-// device converts only where its model (the host's, from the same
-// rounds) claims at most its tight bound, and stops while a round
-// contradicts the model (DeviceClockSync::convert_record()); but it
-// cannot see a clock step before a round after it does.  So the host
-// takes such a time once one of its own rounds after it is in: if the
-// model's segment is still the one of when the record was read, and no
-// round contradicted it then, the device's bound holds; otherwise the
-// device may have converted it across a step, and the time is kept
-// without a bound (unsynchronized).  One forced before such a round came
-// has no bound either.
-bool OnlineConverter::confirm_device_time(const perfq_record& r, const ConversionModel* m,
-                                          bool force, const Held::Read& rs,
-                                          TraceRecord* out) const {
+// device converts with a model of its own, fitted to the rounds it took
+// (when late it takes the newest and skips the ones before), vouched for by
+// its own gate; nothing says it is the host's, nor that its claims hold.
+// So the host bounds each such time itself, once one of its own rounds
+// after it is in: the device time behind it is the inverse of the line that
+// converted it (the device publishes its lines, perfq_sync_page::lines; a
+// read may have been converted with any of the lines `rs.lines` names), the
+// host converts that device time as its own (convert(): its segment, its
+// claim), and the time carries that claim plus the distance from there, for
+// the worst of the lines.  Where the lines are not known (a device that
+// publishes none, one that went back, a line not read in time), or the
+// model's segment changed since the read or a round contradicted it, the
+// time is kept without a bound (unsynchronized).  One forced before such a
+// round came has no bound either.
+bool OnlineConverter::confirm_device_time(const perfq_record& r, const StreamClock& sc,
+                                          uint32_t epoch, const ConversionModel* m, bool force,
+                                          const Held::Read& rs, TraceRecord* out) const {
   out->time_ns = static_cast<int64_t>(r.time);
   const bool covered = m && time_diff(r.time, static_cast<uint64_t>(m->covered_host)) <= 0;
   if (!force && !covered) return false;
@@ -388,8 +434,41 @@ bool OnlineConverter::confirm_device_time(const perfq_record& r, const Conversio
   // being taken): unconfirmed, as the daemon's own forced conversions past
   // the newest round are, so without a bound.
   out->conv = covered ? TraceConversion::kDevice : TraceConversion::kForced;
-  const bool same = covered && !rs.contradicted && rs.segment == m->current.segment;
-  out->claim_ns = same ? stored_claim(m->tight_ns) : kClaimUnbounded;
+  out->claim_ns = kClaimUnbounded;
+  if (!covered || rs.contradicted || rs.segment != m->current.segment) return true;
+  double claim = 0;
+  if (!device_claim(r, sc, epoch, *m, force, rs, &claim)) return false;
+  out->claim_ns = stored_claim(claim);
+  return true;
+}
+
+bool OnlineConverter::device_claim(const perfq_record& r, const StreamClock& sc, uint32_t epoch,
+                                   const ConversionModel& m, bool force, const Held::Read& rs,
+                                   double* claim) const {
+  *claim = std::numeric_limits<double>::infinity();
+  const uint64_t lo = std::max<uint64_t>(rs.lines.lo, 1), hi = rs.lines.hi;
+  if (hi == 0 || hi < lo || hi - lo >= kMaxLineCandidates) return true;
+  double worst = 0;
+  for (uint64_t id = lo; id <= hi; ++id) {
+    const auto it = lines_.find(id);
+    if (it == lines_.end() || !it->second.usable) return true;
+    const perfq_sync_line& l = it->second.line;
+    perfq_record d = r;
+    d.time = device_time_at(l, r.time);
+    d.flags = static_cast<uint16_t>((r.flags & ~PERFQ_FLAGS_DOMAIN_MASK) |
+                                    (PERFQ_CLOCK_DEVICE << PERFQ_FLAGS_DOMAIN_SHIFT));
+    // The host's own conversion of it, once a round after it is in.
+    if (time_diff(m.covered_device, d.time) < 0) return force;
+    TraceRecord own;
+    if (!convert(d, sc, epoch, &m, true, rs, &own) || own.claim_ns == kClaimUnbounded) return true;
+    // The inverse is within a tick (the device rounded to a nanosecond).
+    const double slack = 2 * l.ns_per_tick + 2;
+    worst = std::max(worst,
+                     static_cast<double>(own.claim_ns) +
+                         std::fabs(static_cast<double>(own.time_ns) - static_cast<double>(r.time)) +
+                         slack);
+  }
+  *claim = worst;
   return true;
 }
 

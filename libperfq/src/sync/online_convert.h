@@ -54,6 +54,16 @@ struct ConversionModel {
       ClockSync::Verdict v, const SyncObservation& obs, double horizon_s);
 };
 
+// Which of a mode B device's published lines (perfq_sync_page::lines) the
+// records of one read may have been converted with: ids lo..hi, from what
+// the device had published before the ring's tail that showed them was
+// read to what it had published after they were read (hi 0: not known,
+// the device publishes none).
+struct LineIds {
+  uint64_t lo = 0;
+  uint64_t hi = 0;
+};
+
 class OnlineConverter {
  public:
   struct Options {
@@ -77,8 +87,18 @@ class OnlineConverter {
   // (null: none yet).  Converted records are appended to `out`; the rest
   // wait (behind a waiting record of its stream, a record waits).  Returns
   // how many could not wait (max_waiting) and were dropped.
+  // `lines`: the mode B lines its records may have been converted with
+  // (DeviceDrain::last_lines()); without them, mode B's times carry no
+  // bound.
   uint64_t feed(std::span<const perfq_record> batch, const ConversionModel* m, int64_t now,
-                int64_t read_ns, std::vector<TraceRecord>& out);
+                int64_t read_ns, std::vector<TraceRecord>& out, LineIds lines = {});
+
+  // A line a mode B device published (DeviceDrain::new_lines()): what the
+  // host bounds the times converted with it by.  One that is not a line a
+  // clock of device_clock_hz could have (a rate off by more than a factor
+  // of two, a fraction outside [0, 1], not finite) is kept as unusable:
+  // what it may have converted has no bound.
+  void add_device_line(const perfq_sync_line_pub& l);
 
   // Converts, among what waits, what `m` now converts (with a new model, or
   // forced once a record waited max_wait_ns): a prefix of the waiting
@@ -111,6 +131,7 @@ class OnlineConverter {
       int64_t read_ns = INT64_MAX;  // INT64_MAX: not known
       uint32_t segment = 0;
       bool contradicted = false;
+      LineIds lines;  // mode B: the lines it may have been converted with
     } read;
     uint32_t epoch = 0;  // epoch_of() when it was read
   };
@@ -124,12 +145,24 @@ class OnlineConverter {
     std::deque<Held> waiting;       // in arrival order: later records wait behind
   };
 
-  static Held::Read read_state(const ConversionModel* m, int64_t read_ns);
+  // A mode B device's line (perfq_sync_line_pub), decoded.
+  struct DeviceLine {
+    perfq_sync_line line{};
+    bool usable = false;
+  };
+
+  static Held::Read read_state(const ConversionModel* m, int64_t read_ns, LineIds lines);
   uint32_t epoch_of(const perfq_record& r, StreamClock& sc, const ConversionModel* m);
   bool convert(const perfq_record& r, const StreamClock& sc, uint32_t epoch,
                const ConversionModel* m, bool force, const Held::Read& rs, TraceRecord* out) const;
-  bool confirm_device_time(const perfq_record& r, const ConversionModel* m, bool force,
-                           const Held::Read& rs, TraceRecord* out) const;
+  bool confirm_device_time(const perfq_record& r, const StreamClock& sc, uint32_t epoch,
+                           const ConversionModel* m, bool force, const Held::Read& rs,
+                           TraceRecord* out) const;
+  // The bound of mode B's time r given the lines it may have been
+  // converted with; false: wait (a line puts it past the newest round).
+  bool device_claim(const perfq_record& r, const StreamClock& sc, uint32_t epoch,
+                    const ConversionModel& m, bool force, const Held::Read& rs,
+                    double* claim) const;
   void emit(const TraceRecord& tr, StreamClock& sc, std::vector<TraceRecord>& out);
 
   Options o_;
@@ -138,6 +171,7 @@ class OnlineConverter {
   size_t waiting_ = 0;
   // Per epoch, the lowest segment id its records may use (epoch 0: 0).
   std::vector<uint32_t> epoch_floor_{0};
+  std::map<uint64_t, DeviceLine> lines_;  // mode B's lines by id (the newest kMaxLines)
   std::shared_ptr<const ConversionModel> held_model_;  // the model of the last release
   int64_t held_since_ = 0;                             // when it came
 };

@@ -825,6 +825,86 @@ TEST_CASE("drain: invalid records from the device are counted and dropped", "[de
   CHECK(e.status().message().find("1048576") != std::string::npos);
 }
 
+// Mode B: the device publishes each line before it converts with it; the
+// drain says, for each read, which lines its records may have used.  A
+// device thread publishes lines and, after each, records naming it (in
+// arg); the host reads in batches of every size while it runs.
+TEST_CASE("drain: each read names the lines its records were converted with",
+          "[device][drain][sync]") {
+  TempShm shm("drain-lines");
+  Region region = make_region(shm, 1024);
+  perfq_sync_page* page = region.sync();
+  constexpr uint64_t kLines = 3000 / kScale;
+  std::atomic<bool> done{false};
+  std::thread dev([&] {
+    auto p = region.device_producer();
+    std::mt19937 rng(11);
+    uint64_t index = 0;
+    for (uint64_t id = 1; id <= kLines; ++id) {
+      perfq_sync_line_pub l{};
+      l.id = id;
+      l.device_ref = id * 10;
+      l.host_ref_ns = id * 20;
+      perfq_dev_line_publish(page, &l);
+      const int n = std::uniform_int_distribution<int>(0, 120)(rng);
+      for (int k = 0; k < n; ++k) {
+        const perfq_record r{
+            index, 1, 0, PERFQ_FLAGS(PERFQ_KIND_INSTANT, PERFQ_CLOCK_HOST_BY_DEVICE), index, id};
+        while (!p.try_push(r)) std::this_thread::yield();
+        ++index;
+      }
+      if (id % 64 == 0) std::this_thread::yield();
+    }
+    done = true;
+  });
+  DeviceDrain drain(region);
+  std::vector<perfq_record> got;
+  std::vector<perfq_sync_line_pub> lines;
+  std::mt19937 rng(5);
+  uint64_t records = 0, outside = 0, wrong_line = 0, reads = 0, widest = 0, seen_lines = 0;
+  uint64_t next_index = 0;
+  while (true) {
+    const bool last = done.load();
+    got.clear();
+    auto n = drain.poll(got, std::uniform_int_distribution<size_t>(1, 700)(rng));
+    REQUIRE(n.is_ok());
+    lines.clear();
+    drain.new_lines(lines);
+    for (const auto& l : lines) {
+      ++seen_lines;
+      if (l.device_ref != l.id * 10 || l.host_ref_ns != l.id * 20) ++wrong_line;
+    }
+    if (!got.empty()) {
+      ++reads;
+      const LineIds ids = drain.last_lines();
+      widest = std::max(widest, ids.hi - ids.lo);
+      for (const auto& r : got) {
+        CHECK(r.index == next_index++);
+        if (r.arg < ids.lo || r.arg > ids.hi) ++outside;
+      }
+      records += got.size();
+    }
+    if (last && *n == 0) break;
+  }
+  dev.join();
+  INFO("records " << records << " in " << reads << " reads, widest bracket " << widest
+                  << ", lines read " << seen_lines);
+  CHECK(records == next_index);
+  CHECK(records > kLines * 40);
+  CHECK(outside == 0);
+  CHECK(wrong_line == 0);
+  CHECK(seen_lines > 0);
+  // A device whose count goes back is believed no more.
+  store_release(&page->lines_newest, 2);
+  auto p = region.device_producer();
+  REQUIRE(p.try_push(
+      {next_index, 1, 0, PERFQ_FLAGS(PERFQ_KIND_INSTANT, PERFQ_CLOCK_HOST_BY_DEVICE), 1, 2}));
+  got.clear();
+  REQUIRE(drain.poll(got).is_ok());
+  REQUIRE(got.size() == 1);
+  CHECK(drain.last_lines().hi == 0);
+}
+
 TEST_CASE("drain: a recording counts from its own first records, not from what came before",
           "[device][drain]") {
   TempShm shm("drain-backlog");

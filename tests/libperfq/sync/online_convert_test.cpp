@@ -5,6 +5,8 @@
 #include <array>
 #include <catch2/catch.hpp>
 #include <cmath>
+#include <cstring>
+#include <limits>
 #include <random>
 
 #include "sync/online_convert.h"
@@ -97,6 +99,33 @@ OnlineConverter::Options options(uint16_t source, int64_t max_wait_ns = 2'000'00
   o.max_wait_ns = max_wait_ns;
   o.stale_model_ns = stale_model_ns;
   return o;
+}
+
+// A mode B device's line as it publishes it (perfq_sync_line_pub): the
+// model `m`, off by `off_ns` and its rate by `rate_err` (a device whose
+// model is not the host's).
+perfq_sync_line_pub published(uint64_t id, const ClockModel& m, int64_t off_ns = 0,
+                              double rate_err = 0) {
+  perfq_sync_line_pub l{};
+  l.id = id;
+  l.device_ref = m.device_ref;
+  l.host_ref_ns = m.host_ref + static_cast<uint64_t>(off_ns);
+  const double frac = m.host_frac;
+  const double npt = static_cast<double>(m.ns_per_tick) * (1 + rate_err);
+  std::memcpy(&l.host_frac, &frac, sizeof frac);
+  std::memcpy(&l.ns_per_tick, &npt, sizeof npt);
+  return l;
+}
+
+// What the device computes with that line (the SDK's conversion).
+uint64_t device_converts(const perfq_sync_line_pub& p, uint64_t d) {
+  perfq_sync_line l{};
+  l.device_ref = p.device_ref;
+  l.host_ref = p.host_ref_ns;
+  std::memcpy(&l.host_frac, &p.host_frac, sizeof l.host_frac);
+  std::memcpy(&l.ns_per_tick, &p.ns_per_tick, sizeof l.ns_per_tick);
+  l.valid = true;
+  return perfq_sync_line_to_host(&l, d);
 }
 
 struct Check {
@@ -253,16 +282,18 @@ TEST_CASE("online convert: mode B's times keep their bound only where no step ca
     rounds.round(h);
     REQUIRE(conv.release(rounds.model, static_cast<int64_t>(h), out));
     if (k < 6) continue;  // the device's model needs its first rounds
+    // The device converts with the model of the rounds it has seen: the
+    // host's, which does not know of a step it has not seen either; it
+    // publishes each line it converts with.
+    const auto line = published(static_cast<uint64_t>(k), rounds.model->current);
+    conv.add_device_line(line);
     std::vector<perfq_record> batch;
-    for (uint64_t t = h + 1'000'000; t < h + kRoundNs; t += 1'000'000) {
-      // The device converts with the model of the rounds it has seen: the
-      // host's, which does not know of a step it has not seen either.
-      const uint64_t host = rounds.model->current.to_host(clock.d(t));
-      batch.push_back(device_record(0, index++, host, t, PERFQ_CLOCK_HOST_BY_DEVICE));
-    }
+    for (uint64_t t = h + 1'000'000; t < h + kRoundNs; t += 1'000'000)
+      batch.push_back(device_record(0, index++, device_converts(line, clock.d(t)), t,
+                                    PERFQ_CLOCK_HOST_BY_DEVICE));
     const size_t before = out.size();
     conv.feed(batch, rounds.model.get(), static_cast<int64_t>(h + kRoundNs),
-              static_cast<int64_t>(h + kRoundNs), out);
+              static_cast<int64_t>(h + kRoundNs), out, LineIds{line.id, line.id});
     CHECK(out.size() == before);  // each waits for a round after it
   }
   REQUIRE(conv.finish(rounds.model.get(), out) == 0);
@@ -288,6 +319,88 @@ TEST_CASE("online convert: mode B's times keep their bound only where no step ca
   // bound; the rest keep the device's.
   CHECK(check.unbounded >= 60);
   CHECK(check.unbounded <= 5 * 99);
+}
+
+// Mode B's device fits its own model (the rounds it took; when late, the
+// newest only): its line may be off the host's.  What it converted carries
+// the host's own claim at the device time behind it plus the distance,
+// for every line it may have used; none without its lines.
+TEST_CASE("online convert: mode B's bound holds whatever line the device converted with",
+          "[sync][convert]") {
+  Clock clock;
+  Rounds rounds(clock);
+  OnlineConverter conv(options(1));
+  std::vector<TraceRecord> out;
+  uint64_t index = 0, id = 0, unknown = 0;
+  std::vector<uint64_t> exact;  // indices converted with the host's own line
+  for (int k = 0; k < 60; ++k) {
+    const uint64_t h = kH0 + static_cast<uint64_t>(k) * kRoundNs;
+    rounds.round(h);
+    REQUIRE(conv.release(rounds.model, static_cast<int64_t>(h), out));
+    if (k < 6) continue;
+    // Lines off the host's by 0, +3 us, -2 us with 2 ppm, by turns; every
+    // fifth read may have used this line or the one before (a late drain).
+    const int kind = k % 5;
+    const int64_t off = kind == 1 ? 3'000 : kind == 2 ? -2'000 : 0;
+    const double rate = kind == 2 ? 2e-6 : 0;
+    const auto prev = published(id, rounds.model->current, 1'500);
+    auto line = published(++id, rounds.model->current, off, rate);
+    if (kind == 3) {
+      // Not a line a 1 GHz clock could have: what it converted is unbounded.
+      const double bad = std::numeric_limits<double>::quiet_NaN();
+      std::memcpy(&line.ns_per_tick, &bad, sizeof bad);
+    }
+    conv.add_device_line(line);
+    LineIds ids{line.id, line.id};
+    if (kind == 4) {
+      conv.add_device_line(prev);  // republished: the host saw it before
+      ids.lo = prev.id;
+    }
+    if (k % 7 == 0) ids = {};  // a device that publishes no lines
+    std::vector<perfq_record> batch;
+    for (uint64_t t = h + 1'000'000; t < h + kRoundNs; t += 1'000'000) {
+      const auto& used = kind == 4 && t % 2 ? prev : line;
+      const uint64_t d = clock.d(t);
+      const uint64_t conv_t =
+          kind == 3 ? rounds.model->current.to_host(d) : device_converts(used, d);
+      if (kind == 0 && ids.hi) exact.push_back(index);
+      if (kind == 3 || !ids.hi) ++unknown;
+      batch.push_back(device_record(0, index++, conv_t, t, PERFQ_CLOCK_HOST_BY_DEVICE));
+    }
+    conv.feed(batch, rounds.model.get(), static_cast<int64_t>(h + kRoundNs),
+              static_cast<int64_t>(h + kRoundNs), out, ids);
+  }
+  REQUIRE(conv.finish(rounds.model.get(), out) == 0);
+  Check check, tight;
+  uint64_t forced = 0, loose_off = 0;
+  for (const auto& t : out) {
+    if (t.conv == TraceConversion::kForced) {
+      ++forced;
+      CHECK(t.claim_ns == kClaimUnbounded);
+      continue;
+    }
+    REQUIRE(t.conv == TraceConversion::kDevice);
+    check.add(t, 100'000);
+    if (std::binary_search(exact.begin(), exact.end(), t.rec.index)) tight.add(t, 1'000);
+    const double e = std::fabs(static_cast<double>(t.time_ns - static_cast<int64_t>(t.rec.arg)));
+    if (t.claim_ns != kClaimUnbounded && e > 1'500) ++loose_off;
+  }
+  INFO("records " << check.n << ", beyond " << check.beyond << ", unbounded " << check.unbounded
+                  << ", worst " << check.worst << "; with the host's own line: " << tight.n
+                  << ", claims over 1 us " << tight.loose);
+  CHECK(forced == 99);  // the last read's: no round after them came
+  CHECK(check.n + forced == index);
+  CHECK(check.beyond == 0);
+  // Unbounded: exactly what was read without its lines, or with a line
+  // that is not one (the last read's are among the forced).
+  CHECK(check.unbounded + forced >= unknown);
+  CHECK(check.unbounded <= unknown);
+  // Bounded where the device's line was off: claims as wide as the error.
+  CHECK(loose_off > 1'000);
+  // With the host's own line, the host's own claim (plus a tick or two).
+  CHECK(tight.n > 500);
+  CHECK(tight.loose == 0);
+  CHECK(tight.beyond == 0);
 }
 
 // A record waits at most max_wait_ns; then it converts with the model

@@ -942,6 +942,61 @@ TEST_CASE("sync: mode B, the device converts its own record times", "[sync]") {
   CHECK_FALSE(dev.convert_record(&r));  // already in host time
 }
 
+// The SDK's mode B publishes each line it converts with, before it does:
+// the host bounds those times by them (OnlineConverter::add_device_line()).
+TEST_CASE("sync: mode B's device publishes the lines it converts with", "[sync]") {
+  Sim sim;
+  sim.device_hz = 250'000'000;
+  sim.timer_hz = 19'200'000;
+  sim.drift = 1e-4L;
+  sim.base_ns = 150;
+  sim.jitter_ns = 300;
+  // The device's view of the region: its sync section only.
+  auto page = std::make_unique<perfq_sync_page>();
+  std::memset(page.get(), 0, sizeof(*page));
+  perfq_region_header h{};
+  h.device_clock_hz = sim.device_hz;
+  h.timer_hz = sim.timer_hz;
+  h.sections[PERFQ_SECTION_SYNC].offset = 0;
+  h.sections[PERFQ_SECTION_SYNC].size = sizeof(perfq_sync_page);
+  auto mb = std::make_unique<perfq_dev_mode_b>();
+  perfq_dev_mode_b_init(mb.get(), page.get(), &h);
+  page->mode = PERFQ_SYNC_MODE_B;
+  uint64_t changes = 0;
+  perfq_sync_line before{};
+  for (const auto& rd : sim.rounds(8e9L)) {
+    perfq_dev_batch_write(&page->device_samples, rd.round + 1, rd.device.data(),
+                          static_cast<uint32_t>(rd.device.size()));
+    perfq_dev_batch_write(&page->mailbox, rd.round + 1, rd.host.data(),
+                          static_cast<uint32_t>(rd.host.size()));
+    perfq_dev_mode_b_poll(mb.get());
+    const perfq_sync_line& c = mb->online.current;
+    if (c.valid && (c.device_ref != before.device_ref || c.host_ref != before.host_ref ||
+                    c.ns_per_tick != before.ns_per_tick || c.host_frac != before.host_frac)) {
+      ++changes;
+      before = c;
+    }
+    // The newest line published is the one it converts with.
+    REQUIRE(page->lines_newest == changes);
+    if (!changes) continue;
+    perfq_sync_line_pub l{};
+    REQUIRE(perfq_dev_line_read(page.get(), page->lines_newest, &l, 4) == PERFQ_DEV_OK);
+    REQUIRE(l.id == changes);
+    double frac, npt;
+    std::memcpy(&frac, &l.host_frac, sizeof frac);
+    std::memcpy(&npt, &l.ns_per_tick, sizeof npt);
+    CHECK(l.device_ref == c.device_ref);
+    CHECK(l.host_ref_ns == c.host_ref);
+    CHECK(frac == c.host_frac);
+    CHECK(npt == c.ns_per_tick);
+  }
+  CHECK(changes > 40);
+  // A collector started again on the region numbers on from there.
+  auto again = std::make_unique<perfq_dev_mode_b>();
+  perfq_dev_mode_b_init(again.get(), page.get(), &h);
+  CHECK(again->line.id == changes);
+}
+
 // How loose a claim may be for a record to convert without waiting: the
 // floor while the first rounds may all be loose, then what this device's
 // rounds give (a jittery one's, factor x its tightest round).
