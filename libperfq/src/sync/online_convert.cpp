@@ -66,8 +66,8 @@ OnlineConverter::OnlineConverter(Options o)
           static_cast<int64_t>(o_.back_step_ns * static_cast<double>(o_.device_clock_hz) / 1e9) +
           1) {}
 
-OnlineConverter::Held::Read OnlineConverter::read_state(const ConversionModel* m, int64_t read_ns,
-                                                        LineIds lines) {
+OnlineConverter::Read OnlineConverter::read_state(const ConversionModel* m, int64_t read_ns,
+                                                  LineIds lines) {
   return {read_ns, m ? m->current.segment : 0, m && m->contradicted, lines};
 }
 
@@ -96,7 +96,8 @@ void OnlineConverter::emit(const TraceRecord& tr, StreamClock& sc, std::vector<T
 uint64_t OnlineConverter::feed(std::span<const perfq_record> batch, const ConversionModel* m,
                                int64_t now, int64_t read_ns, std::vector<TraceRecord>& out,
                                LineIds lines) {
-  const Held::Read rs = read_state(m, read_ns, lines);
+  const Read rs = read_state(m, read_ns, lines);
+  bool read_kept = false;  // rs is in reads_ (a record of this read waits)
   uint64_t dropped = 0;
   StreamClock* sc = nullptr;
   for (const auto& r : batch) {
@@ -112,7 +113,11 @@ uint64_t OnlineConverter::feed(std::span<const perfq_record> batch, const Conver
       emit(tr, *sc, out);
     } else if (waiting_ < o_.max_waiting) {
       if (waiting_ == 0) held_since_ = now;
-      sc->waiting.push_back({r, rs, epoch});
+      if (!read_kept) {
+        reads_.push_back(rs);
+        read_kept = true;
+      }
+      sc->waiting.push_back({r, static_cast<uint32_t>(reads_base_ + reads_.size() - 1), epoch});
       ++waiting_;
     } else {
       ++dropped;
@@ -127,7 +132,7 @@ bool OnlineConverter::release(const std::shared_ptr<const ConversionModel>& m, i
   // The oldest waiting record (each stream's are in arrival order).
   int64_t oldest = INT64_MAX;
   for (const auto& [id, sc] : streams_)
-    if (!sc.waiting.empty()) oldest = std::min(oldest, sc.waiting.front().read.read_ns);
+    if (!sc.waiting.empty()) oldest = std::min(oldest, read_of(sc.waiting.front()).read_ns);
   const bool stale = now - held_since_ > o_.stale_model_ns;
   const bool waited_long = now - oldest > o_.max_wait_ns;
   if (m == held_model_ && !stale && !waited_long) return true;
@@ -137,11 +142,15 @@ bool OnlineConverter::release(const std::shared_ptr<const ConversionModel>& m, i
   size_t n = 0;
   for (auto& [id, sc] : streams_) {
     while (!sc.waiting.empty()) {
-      if (n >= max_out) return false;
+      if (n >= max_out) {
+        prune_reads();
+        return false;
+      }
       TraceRecord tr;
       const Held& f = sc.waiting.front();
-      if (!convert(f.rec, sc, f.epoch, m.get(), stale || now - f.read.read_ns > o_.max_wait_ns,
-                   f.read, &tr))
+      const Read& rs = read_of(f);
+      if (!convert(f.rec, sc, f.epoch, m.get(), stale || now - rs.read_ns > o_.max_wait_ns, rs,
+                   &tr))
         break;
       emit(tr, sc, out);
       ++n;
@@ -151,7 +160,20 @@ bool OnlineConverter::release(const std::shared_ptr<const ConversionModel>& m, i
   }
   held_model_ = m;
   held_since_ = now;
+  prune_reads();
   return true;
+}
+
+void OnlineConverter::prune_reads() {
+  // Each stream waits in read order: the oldest read referred to is at
+  // some stream's front.
+  uint32_t keep_from = static_cast<uint32_t>(reads_.size());
+  for (const auto& [id, sc] : streams_)
+    if (!sc.waiting.empty())
+      keep_from = std::min(keep_from, static_cast<uint32_t>(sc.waiting.front().read -
+                                                            static_cast<uint32_t>(reads_base_)));
+  reads_.erase(reads_.begin(), reads_.begin() + keep_from);
+  reads_base_ += keep_from;
 }
 
 size_t OnlineConverter::finish(const ConversionModel* m, std::vector<TraceRecord>& out) {
@@ -163,8 +185,8 @@ size_t OnlineConverter::finish(const ConversionModel* m, std::vector<TraceRecord
       // What a round after it covers converts as it would have; the rest
       // with the model there is (kForced, with its claim); mode B's times
       // without a model as the device gave them, unbounded.
-      if (convert(h.rec, sc, h.epoch, m, false, h.read, &tr) ||
-          convert(h.rec, sc, h.epoch, m, true, h.read, &tr)) {
+      if (convert(h.rec, sc, h.epoch, m, false, read_of(h), &tr) ||
+          convert(h.rec, sc, h.epoch, m, true, read_of(h), &tr)) {
         emit(tr, sc, out);
       } else {
         keep.push_back(h);
@@ -174,6 +196,7 @@ size_t OnlineConverter::finish(const ConversionModel* m, std::vector<TraceRecord
     left += sc.waiting.size();
   }
   waiting_ = left;
+  prune_reads();
   return left;
 }
 
@@ -362,7 +385,7 @@ SegmentCands segment_candidates(const perfq_record& r, const ConversionModel& m,
 //
 // `sc`: the record's stream (streams_[r.stream]).
 bool OnlineConverter::convert(const perfq_record& r, const StreamClock& sc, uint32_t epoch,
-                              const ConversionModel* m, bool force, const Held::Read& rs,
+                              const ConversionModel* m, bool force, const Read& rs,
                               TraceRecord* out) const {
   out->source = o_.source;
   out->rec = r;
@@ -426,7 +449,7 @@ bool OnlineConverter::convert(const perfq_record& r, const StreamClock& sc, uint
 // round came has no bound either.
 bool OnlineConverter::confirm_device_time(const perfq_record& r, const StreamClock& sc,
                                           uint32_t epoch, const ConversionModel* m, bool force,
-                                          const Held::Read& rs, TraceRecord* out) const {
+                                          const Read& rs, TraceRecord* out) const {
   out->time_ns = static_cast<int64_t>(r.time);
   const bool covered = m && time_diff(r.time, static_cast<uint64_t>(m->covered_host)) <= 0;
   if (!force && !covered) return false;
@@ -443,7 +466,7 @@ bool OnlineConverter::confirm_device_time(const perfq_record& r, const StreamClo
 }
 
 bool OnlineConverter::device_claim(const perfq_record& r, const StreamClock& sc, uint32_t epoch,
-                                   const ConversionModel& m, bool force, const Held::Read& rs,
+                                   const ConversionModel& m, bool force, const Read& rs,
                                    double* claim) const {
   *claim = std::numeric_limits<double>::infinity();
   const uint64_t lo = std::max<uint64_t>(rs.lines.lo, 1), hi = rs.lines.hi;

@@ -122,19 +122,22 @@ class OnlineConverter {
   int64_t waiting_bound(const ConversionModel* m, int64_t grace_ns) const;
 
  private:
+  // What a read knew when it was made: the host time after it (its records
+  // also began to wait then), the model's current segment, whether a round
+  // contradicted the model, and mode B's lines.  One per feed() whose
+  // records wait, not one per record (a record waits in 40 bytes).
+  struct Read {
+    int64_t read_ns = INT64_MAX;  // INT64_MAX: not known
+    uint32_t segment = 0;
+    bool contradicted = false;
+    LineIds lines;  // mode B: the lines its records may have been converted with
+  };
   struct Held {
     perfq_record rec;
-    // What it knew when it was read: the host time after the read (it also
-    // began to wait then), the model's current segment, and whether a round
-    // contradicted the model.
-    struct Read {
-      int64_t read_ns = INT64_MAX;  // INT64_MAX: not known
-      uint32_t segment = 0;
-      bool contradicted = false;
-      LineIds lines;  // mode B: the lines it may have been converted with
-    } read;
+    uint32_t read = 0;   // its Read's id (read_of())
     uint32_t epoch = 0;  // epoch_of() when it was read
   };
+  static_assert(sizeof(Held) == 40, "a waiting record: the record and two words");
   // A device stream's clock, as its records show it, and what of it waits.
   struct StreamClock {
     uint16_t id = 0;
@@ -151,18 +154,22 @@ class OnlineConverter {
     bool usable = false;
   };
 
-  static Held::Read read_state(const ConversionModel* m, int64_t read_ns, LineIds lines);
+  static Read read_state(const ConversionModel* m, int64_t read_ns, LineIds lines);
+  const Read& read_of(const Held& h) const {
+    return reads_[static_cast<uint32_t>(h.read - static_cast<uint32_t>(reads_base_))];
+  }
+  // Drops the Reads no waiting record refers to any more.
+  void prune_reads();
   uint32_t epoch_of(const perfq_record& r, StreamClock& sc, const ConversionModel* m);
   bool convert(const perfq_record& r, const StreamClock& sc, uint32_t epoch,
-               const ConversionModel* m, bool force, const Held::Read& rs, TraceRecord* out) const;
+               const ConversionModel* m, bool force, const Read& rs, TraceRecord* out) const;
   bool confirm_device_time(const perfq_record& r, const StreamClock& sc, uint32_t epoch,
-                           const ConversionModel* m, bool force, const Held::Read& rs,
+                           const ConversionModel* m, bool force, const Read& rs,
                            TraceRecord* out) const;
   // The bound of mode B's time r given the lines it may have been
   // converted with; false: wait (a line puts it past the newest round).
   bool device_claim(const perfq_record& r, const StreamClock& sc, uint32_t epoch,
-                    const ConversionModel& m, bool force, const Held::Read& rs,
-                    double* claim) const;
+                    const ConversionModel& m, bool force, const Read& rs, double* claim) const;
   void emit(const TraceRecord& tr, StreamClock& sc, std::vector<TraceRecord>& out);
 
   Options o_;
@@ -171,6 +178,8 @@ class OnlineConverter {
   size_t waiting_ = 0;
   // Per epoch, the lowest segment id its records may use (epoch 0: 0).
   std::vector<uint32_t> epoch_floor_{0};
+  std::deque<Read> reads_;                // the reads of what waits, oldest first
+  uint64_t reads_base_ = 0;               // the id of reads_.front()
   std::map<uint64_t, DeviceLine> lines_;  // mode B's lines by id (the newest kMaxLines)
   std::shared_ptr<const ConversionModel> held_model_;  // the model of the last release
   int64_t held_since_ = 0;                             // when it came
