@@ -28,6 +28,15 @@ double from_bits(uint64_t b) {
   return d;
 }
 
+// The lines of `ids` a record may have been converted with, [*lo, *hi]:
+// false when they are not known (none published, or more than a read
+// could have used).
+bool candidate_lines(const LineIds& ids, uint64_t* lo, uint64_t* hi) {
+  *lo = std::max<uint64_t>(ids.lo, 1);
+  *hi = ids.hi;
+  return *hi != 0 && *hi >= *lo && *hi - *lo < kMaxLineCandidates;
+}
+
 // The device time a line put at host time t (the line's inverse, within a
 // tick: the device rounded its product to a nanosecond).
 uint64_t device_time_at(const perfq_sync_line& l, uint64_t t) {
@@ -213,6 +222,16 @@ bool OnlineConverter::covers_waiting(const ConversionModel& m) const {
       } else if (!device_domain(it->rec) && !host) {
         host = true;
         if (static_cast<int64_t>(it->rec.time) > m.covered_host) return false;
+        // And the device times behind it, as the lines it may have been
+        // converted with put them (device_claim() waits for those too).
+        uint64_t lo = 0, hi = 0;
+        if (!candidate_lines(read_of(*it).lines, &lo, &hi)) continue;
+        for (uint64_t id = lo; id <= hi; ++id) {
+          const auto l = lines_.find(id);
+          if (l != lines_.end() && l->second.usable &&
+              time_diff(m.covered_device, device_time_at(l->second.line, it->rec.time)) < 0)
+            return false;
+        }
       }
     }
   }
@@ -469,8 +488,8 @@ bool OnlineConverter::device_claim(const perfq_record& r, const StreamClock& sc,
                                    const ConversionModel& m, bool force, const Read& rs,
                                    double* claim) const {
   *claim = std::numeric_limits<double>::infinity();
-  const uint64_t lo = std::max<uint64_t>(rs.lines.lo, 1), hi = rs.lines.hi;
-  if (hi == 0 || hi < lo || hi - lo >= kMaxLineCandidates) return true;
+  uint64_t lo = 0, hi = 0;
+  if (!candidate_lines(rs.lines, &lo, &hi)) return true;
   double worst = 0;
   for (uint64_t id = lo; id <= hi; ++id) {
     const auto it = lines_.find(id);
