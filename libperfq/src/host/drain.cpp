@@ -79,9 +79,11 @@ Result<size_t> DeviceDrain::poll(std::vector<perfq_record>& out, size_t max) {
   // (beyond the spans: a tail read elsewhere, finished()'s, whose lines
   // lie between line_lo_ and now).
   LineIds ids{line_lo_, 0};
+  bool first = true;
   for (const LineSpan& sp : line_spans_) {
     if (sp.tail <= head) continue;
-    if (ids.hi == 0) ids.lo = sp.lo;
+    if (first) ids.lo = sp.lo;
+    first = false;
     ids.hi = sp.hi;
     if (sp.tail >= head + n) break;
   }
