@@ -3,8 +3,8 @@
 
 #include <algorithm>
 #include <array>
+#include <bit>
 #include <cmath>
-#include <cstring>
 #include <iterator>
 #include <limits>
 
@@ -21,12 +21,6 @@ bool device_domain(const perfq_record& r) {
 // drain stalled for rounds).
 constexpr size_t kMaxLines = 64;
 constexpr uint64_t kMaxLineCandidates = PERFQ_SYNC_LINES;
-
-double from_bits(uint64_t b) {
-  double d;
-  std::memcpy(&d, &b, sizeof d);
-  return d;
-}
 
 // The lines of `ids` a record may have been converted with, [*lo, *hi]:
 // false when they are not known (none published, or more than a read
@@ -85,8 +79,8 @@ void OnlineConverter::add_device_line(const perfq_sync_line_pub& l) {
   k.line = {};
   k.line.device_ref = l.device_ref;
   k.line.host_ref = l.host_ref_ns;
-  k.line.host_frac = from_bits(l.host_frac);
-  k.line.ns_per_tick = from_bits(l.ns_per_tick);
+  k.line.host_frac = std::bit_cast<double>(l.host_frac);
+  k.line.ns_per_tick = std::bit_cast<double>(l.ns_per_tick);
   k.line.valid = true;
   // Untrusted: a rate a clock of the declared frequency could have.
   const double nominal = 1e9 / static_cast<double>(o_.device_clock_hz);

@@ -3,9 +3,9 @@
 // sync module as the daemon's sync thread feeds them.  Every converted
 // time is checked against the truth and against its own claim.
 #include <array>
+#include <bit>
 #include <catch2/catch.hpp>
 #include <cmath>
-#include <cstring>
 #include <limits>
 #include <random>
 
@@ -110,10 +110,8 @@ perfq_sync_line_pub published(uint64_t id, const ClockModel& m, int64_t off_ns =
   l.id = id;
   l.device_ref = m.device_ref;
   l.host_ref_ns = m.host_ref + static_cast<uint64_t>(off_ns);
-  const double frac = m.host_frac;
-  const double npt = static_cast<double>(m.ns_per_tick) * (1 + rate_err);
-  std::memcpy(&l.host_frac, &frac, sizeof frac);
-  std::memcpy(&l.ns_per_tick, &npt, sizeof npt);
+  l.host_frac = std::bit_cast<uint64_t>(m.host_frac);
+  l.ns_per_tick = std::bit_cast<uint64_t>(static_cast<double>(m.ns_per_tick) * (1 + rate_err));
   return l;
 }
 
@@ -122,8 +120,8 @@ uint64_t device_converts(const perfq_sync_line_pub& p, uint64_t d) {
   perfq_sync_line l{};
   l.device_ref = p.device_ref;
   l.host_ref = p.host_ref_ns;
-  std::memcpy(&l.host_frac, &p.host_frac, sizeof l.host_frac);
-  std::memcpy(&l.ns_per_tick, &p.ns_per_tick, sizeof l.ns_per_tick);
+  l.host_frac = std::bit_cast<double>(p.host_frac);
+  l.ns_per_tick = std::bit_cast<double>(p.ns_per_tick);
   l.valid = true;
   return perfq_sync_line_to_host(&l, d);
 }
@@ -347,8 +345,7 @@ TEST_CASE("online convert: mode B's bound holds whatever line the device convert
     auto line = published(++id, rounds.model->current, off, rate);
     if (kind == 3) {
       // Not a line a 1 GHz clock could have: what it converted is unbounded.
-      const double bad = std::numeric_limits<double>::quiet_NaN();
-      std::memcpy(&line.ns_per_tick, &bad, sizeof bad);
+      line.ns_per_tick = std::bit_cast<uint64_t>(std::numeric_limits<double>::quiet_NaN());
     }
     conv.add_device_line(line);
     LineIds ids{line.id, line.id};
