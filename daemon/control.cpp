@@ -32,14 +32,11 @@ namespace {
 // the client is gone or does not read.
 bool send_line(int fd, json j, int timeout_ms = kReplyDeadlineMs) {
   j["schema_version"] = kJsonSchemaVersion;
-  const Status s =
-      perfq::send_line(fd, j.dump(-1, ' ', false, json::error_handler_t::replace), -1, timeout_ms);
+  const Status s = perfq::send_line(fd, json_line(j), -1, timeout_ms);
   if (s.code() == Errc::kTimeout)
     spdlog::debug("control: closing a connection that does not read its replies ({})", s.message());
   return s.is_ok();
 }
-
-json error(const std::string& msg) { return {{"ok", false}, {"error", msg}}; }
 
 Peer peer_of(int fd) {
   Peer p;
@@ -171,7 +168,7 @@ void ControlServer::accept_one() {
     const Peer peer = peer_of(conn.get());
     const bool privileged = daemon_.privileged(peer);
     if (std::string why = take_slot(peer, privileged); !why.empty()) {
-      send_line(conn.get(), error(why), 0);  // only if it fits now; then closed
+      send_line(conn.get(), error_reply(why), 0);  // only if it fits now; then closed
       continue;
     }
     ++active_;
@@ -193,8 +190,9 @@ void ControlServer::serve(UniqueFd conn, const Peer& peer) {
     std::optional<std::string> next;
     while (!(next = buf.next_line())) {
       if (buf.overflow()) {
-        send_line(conn.get(), error("request longer than " + std::to_string(kMaxRequestBytes) +
-                                    " bytes; closing the connection"));
+        send_line(conn.get(),
+                  error_reply("request longer than " + std::to_string(kMaxRequestBytes) +
+                              " bytes; closing the connection"));
         spdlog::warn("{}: request over {} bytes refused", peer.describe(), kMaxRequestBytes);
         return;
       }
@@ -204,9 +202,9 @@ void ControlServer::serve(UniqueFd conn, const Peer& peer) {
         timeout_ms = static_cast<int>(
             std::max<int64_t>(0, kRequestDeadlineMs - (now_ns() - request_ns) / 1'000'000));
         if (timeout_ms == 0) {
-          send_line(conn.get(), error("request not finished (no newline) within " +
-                                      std::to_string(kRequestDeadlineMs) +
-                                      " ms of its first byte; closing the connection"));
+          send_line(conn.get(), error_reply("request not finished (no newline) within " +
+                                            std::to_string(kRequestDeadlineMs) +
+                                            " ms of its first byte; closing the connection"));
           spdlog::debug("control: {}: request not finished in time; closed", peer.describe());
           return;
         }
@@ -227,21 +225,22 @@ void ControlServer::serve(UniqueFd conn, const Peer& peer) {
     request_ns = buf.empty() ? 0 : now_ns();
     const std::string line = std::move(*next);
     if (line.size() > kMaxRequestBytes) {
-      send_line(conn.get(), error("request longer than " + std::to_string(kMaxRequestBytes) +
-                                  " bytes; closing the connection"));
+      send_line(conn.get(), error_reply("request longer than " + std::to_string(kMaxRequestBytes) +
+                                        " bytes; closing the connection"));
       return;
     }
     std::string why;
     std::optional<json> parsed = parse_request_line(line, &why);
     if (!parsed) {
-      if (!send_line(conn.get(), error(why))) return;
+      if (!send_line(conn.get(), error_reply(why))) return;
       first = false;
       continue;
     }
     json& req = *parsed;
     if (req["cmd"] == "app_hello") {
       if (!first || !buf.empty()) {
-        send_line(conn.get(), error("app_hello must be the first and only line before its reply"));
+        send_line(conn.get(),
+                  error_reply("app_hello must be the first and only line before its reply"));
         return;
       }
       if (Status s = daemon_.adopt_app(std::move(conn), req, peer); !s)

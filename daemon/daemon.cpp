@@ -1,5 +1,7 @@
 #include "daemon.h"
 
+#include "app/json_lines.h"
+
 #include <glob.h>
 #include <grp.h>
 #include <malloc.h>
@@ -23,8 +25,6 @@ using namespace perfq;
 using nlohmann::json;
 
 namespace {
-
-json error(const std::string& msg) { return {{"ok", false}, {"error", msg}}; }
 
 HostAppsOptions apps_options(const DaemonConfig& c) {
   HostAppsOptions o;
@@ -125,36 +125,37 @@ json Daemon::handle(const json& req, const Peer& peer,
     if (cmd == "status") return status();
     if (cmd == "devices") {
       if (std::string e = check_field(req, "all", "boolean"); !e.empty())
-        return error("devices: " + e);
+        return error_reply("devices: " + e);
       return devices(req.value("all", false));
     }
     if (cmd == "start" || cmd == "stop") {
       if (!privileged(peer)) {
         spdlog::warn("refused {} from {}: not root nor in group {}", cmd, peer.describe(),
                      config().group);
-        return error("permission denied: " + cmd + " needs root or membership in the '" +
-                     config().group + "' group (you are " + peer.describe() + ")");
+        return error_reply("permission denied: " + cmd + " needs root or membership in the '" +
+                           config().group + "' group (you are " + peer.describe() + ")");
       }
       std::lock_guard lock(control_mu_);
       return cmd == "start" ? start(req, peer) : stop(progress, false);
     }
     if (cmd == "ping") return {{"ok", true}, {"pid", getpid()}};
   } catch (const json::exception& e) {
-    return error(std::string("bad request: ") + e.what());
+    return error_reply(std::string("bad request: ") + e.what());
   }
-  return error("unknown command '" + cmd + "' (commands: start, stop, status, devices, ping)");
+  return error_reply("unknown command '" + cmd +
+                     "' (commands: start, stop, status, devices, ping)");
 }
 
 json Daemon::start(const json& req, const Peer& peer) {
   {
     std::lock_guard lock(rec_mu_);
     if (rec_)
-      return error("a recording is already running (writing " + rec_->options().output +
-                   "); stop it first with `perfqctl stop`");
+      return error_reply("a recording is already running (writing " + rec_->options().output +
+                         "); stop it first with `perfqctl stop`");
   }
   const DaemonConfig c = config();
   RecordingOptions o;
-  if (std::string e = parse_start(req, c, o); !e.empty()) return error("start: " + e);
+  if (std::string e = parse_start(req, c, o); !e.empty()) return error_reply("start: " + e);
   o.ring_records = c.ring_records;
   o.device_grace_ns = static_cast<int64_t>(c.device_latency_ms) * 1'000'000;
   o.host_grace_ns = static_cast<int64_t>(c.host_latency_ms) * 1'000'000;
@@ -170,7 +171,7 @@ json Daemon::start(const json& req, const Peer& peer) {
   auto rec = Recording::start(o);
   if (!rec) {
     spdlog::warn("start refused: {}", rec.status().message());
-    return error(rec.status().message());
+    return error_reply(rec.status().message());
   }
   std::shared_ptr<Recording> r = std::move(rec.value());
   {
@@ -216,7 +217,7 @@ json Daemon::stop(const std::function<void(const json&)>& progress, bool automat
         j["note"] = "the recording had already stopped: " + last_.value("stop_reason", "");
         return j;
       }
-      return error("no recording is running (start one with `perfqctl start`)");
+      return error_reply("no recording is running (start one with `perfqctl start`)");
     }
   }
   // Applications stop recording; the collector passes everything they

@@ -1,5 +1,6 @@
 #include "request.h"
 
+#include "app/json_lines.h"
 #include "kernel_events.h"
 
 namespace perfqd {
@@ -65,7 +66,7 @@ std::string check_field(const json& req, const char* key, const char* want) {
                                             : false;
   if (ok) return {};
   return std::string(key) + " must be a " + want + ", not " + v.type_name() + " " +
-         v.dump(-1, ' ', false, json::error_handler_t::replace);
+         perfq::json_line(v);
 }
 
 std::string parse_start(const json& req, const DaemonConfig& c, RecordingOptions& o) {

@@ -13,12 +13,14 @@
 #include <catch2/catch.hpp>
 #include <chrono>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
 #include <sstream>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 extern char** environ;
@@ -43,9 +45,26 @@ class TempShm {
   std::string path_;
 };
 
+#ifdef PERFQ_BIN_DIR
+// The folder of the programs the tests run (perfq-daemon, perfq-devsim, ...).
+inline const std::string kBin = PERFQ_BIN_DIR;
+#endif
+
 inline std::string slurp(const std::string& path) {
   std::ifstream f(path, std::ios::binary);
   return {std::istreambuf_iterator<char>(f), {}};
+}
+
+// Text as a page shows it from its HTML source (chromium's --dump-dom): the
+// entities a DOM dump writes, back to their characters.
+inline std::string unescape_html(std::string s) {
+  static const std::pair<const char*, const char*> kEnt[] = {
+      {"&lt;", "<"}, {"&gt;", ">"}, {"&quot;", "\""}, {"&nbsp;", " "}, {"&amp;", "&"}};
+  for (const auto& [from, to] : kEnt) {
+    for (size_t p = s.find(from); p != std::string::npos; p = s.find(from, p + 1))
+      s.replace(p, std::strlen(from), to);
+  }
+  return s;
 }
 
 // A unique directory (under /dev/shm when writable), removed with its content.

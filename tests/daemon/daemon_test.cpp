@@ -40,7 +40,6 @@ namespace perfq {
 namespace {
 
 using nlohmann::json;
-const std::string kBin = PERFQ_BIN_DIR;
 
 #if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
 constexpr double kSlow = 3;  // sanitizer builds run several times slower

@@ -18,8 +18,6 @@
 namespace perfq {
 namespace {
 
-const std::string kBin = PERFQ_BIN_DIR;
-
 #if defined(__SANITIZE_THREAD__) || defined(__SANITIZE_ADDRESS__)
 constexpr double kRateScale = 0.25;  // sanitizers are slower: lighter loads
 #else

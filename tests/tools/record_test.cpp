@@ -11,8 +11,6 @@
 namespace perfq {
 namespace {
 
-const std::string kBin = PERFQ_BIN_DIR;
-
 TEST_CASE("perfqctl record: every device record lands in the trace, synchronized",
           "[perfqctl][record][process]") {
   TempShm shm("record");

@@ -30,7 +30,7 @@ void require_chromium() {
 // What the page says about itself once loaded, gathered by a probe the test
 // puts first in <head>: every error and console.error/warn, and per canvas
 // how many of its pixels are painted.
-constexpr const char* kProbe = R"js(<script>
+constexpr const char* kReportProbe = R"js(<script>
 window.__probe = {errors: []};
 window.addEventListener('error', (e) => __probe.errors.push('error: ' + e.message));
 for (const level of ['error', 'warn']) {
@@ -51,16 +51,6 @@ window.addEventListener('load', () => {
   document.body.append(pre);
 });
 </script>)js";
-
-std::string unescape_html(std::string s) {
-  static const std::pair<const char*, const char*> kEnt[] = {
-      {"&lt;", "<"}, {"&gt;", ">"}, {"&quot;", "\""}, {"&nbsp;", " "}, {"&amp;", "&"}};
-  for (const auto& [from, to] : kEnt) {
-    for (size_t p = s.find(from); p != std::string::npos; p = s.find(from, p + 1))
-      s.replace(p, std::strlen(from), to);
-  }
-  return s;
-}
 
 // The JSON value at a dotted path ("jobs.worst.0.corr_id").
 const nlohmann::json* at_path(const nlohmann::json& j, const std::string& path) {
@@ -167,7 +157,7 @@ TEST_CASE("report --html: chromium draws every chart, no console error, the JSON
   std::string probed = html;
   const size_t head = probed.find("<head>");
   REQUIRE(head != std::string::npos);
-  probed.insert(head + 6, kProbe);
+  probed.insert(head + 6, kReportProbe);
   { std::ofstream(dir.file("probe.html")) << probed; }
   const std::string chromium =
       "chromium --headless --no-sandbox --disable-gpu --user-data-dir=" + dir.file("profile") +

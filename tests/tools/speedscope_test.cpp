@@ -44,7 +44,7 @@ std::string speedscope_release() {
 
 // First in speedscope's <head>: every console warning and error and every
 // uncaught error of the page, kept in <pre id="probe"> as they come.
-constexpr const char* kProbe = R"js(<script>
+constexpr const char* kSpeedscopeProbe = R"js(<script>
 (function () {
   const seen = [];
   const show = () => {
@@ -67,15 +67,6 @@ constexpr const char* kProbe = R"js(<script>
 })();
 </script>)js";
 
-std::string unescape_html(std::string s) {
-  static const std::pair<const char*, const char*> kEnt[] = {
-      {"&lt;", "<"}, {"&gt;", ">"}, {"&quot;", "\""}, {"&amp;", "&"}};
-  for (const auto& [from, to] : kEnt)
-    for (size_t p = s.find(from); p != std::string::npos; p = s.find(from, p + 1))
-      s.replace(p, std::strlen(from), to);
-  return s;
-}
-
 }  // namespace
 
 TEST_CASE("export chrome-json: speedscope in chromium loads it with no console error",
@@ -90,7 +81,7 @@ TEST_CASE("export chrome-json: speedscope in chromium loads it with no console e
     std::string index = slurp(www + "/index.html");
     const size_t head = index.find("<head>");
     REQUIRE(head != std::string::npos);
-    index.insert(head + 6, kProbe);
+    index.insert(head + 6, kSpeedscopeProbe);
     std::ofstream(www + "/index.html") << index;
   }
   // Jobs (a host submit and complete, a device start/end slice), host work

@@ -26,8 +26,6 @@
 namespace perfq {
 namespace {
 
-const std::string kBin = PERFQ_BIN_DIR;
-
 #if defined(__SANITIZE_THREAD__) || defined(__SANITIZE_ADDRESS__)
 constexpr bool kSanitized = true;  // timing is not representative: check the machinery only
 #else

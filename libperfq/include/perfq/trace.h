@@ -186,6 +186,9 @@ struct TraceMetadata {
   bool operator==(const TraceMetadata&) const = default;
 
   const TraceSource* find_source(uint16_t id) const;
+  // A recording option that is a whole decimal number (start_ns, stop_ns):
+  // nullopt when absent, or not such a number in full.
+  std::optional<int64_t> option_int(const std::string& key) const;
   // How outputs name a source: its name, and in a trace of several hosts
   // "HOST:NAME" (every report and export names sources through this).
   std::string source_label(const TraceSource& s) const;

@@ -228,16 +228,7 @@ class Analyzer : public TraceVisitor {
   // A recorder that states its interval (start_ns, stop_ns: host times)
   // gives the duration and rates of the recording, not of its records.
   void recording_interval() {
-    auto option_ns = [&](const char* key) -> std::optional<int64_t> {
-      auto it = r_.metadata.options.find(key);
-      if (it == r_.metadata.options.end()) return std::nullopt;
-      char* end = nullptr;
-      errno = 0;
-      const long long v = std::strtoll(it->second.c_str(), &end, 10);
-      if (errno || end == it->second.c_str() || *end) return std::nullopt;
-      return v;
-    };
-    const auto start = option_ns("start_ns"), stop = option_ns("stop_ns");
+    const auto start = r_.metadata.option_int("start_ns"), stop = r_.metadata.option_int("stop_ns");
     if (start && stop && *stop >= *start) {
       r_.recording_start_ns = *start;
       r_.recording_stop_ns = *stop;

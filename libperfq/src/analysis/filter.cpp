@@ -38,29 +38,19 @@ Result<TraceTimePoint> parse_trace_time(std::string_view text) {
 
 namespace {
 
-std::optional<int64_t> option_ns(const TraceMetadata& m, const char* key) {
-  auto it = m.options.find(key);
-  if (it == m.options.end()) return std::nullopt;
-  char* end = nullptr;
-  errno = 0;
-  const long long v = std::strtoll(it->second.c_str(), &end, 10);
-  if (errno || end == it->second.c_str() || *end) return std::nullopt;
-  return v;
-}
-
 class FilterVisitor : public TraceVisitor {
  public:
   FilterVisitor(const TraceFilter& f, TraceVisitor& inner) : f_(f), inner_(inner) {}
 
   Status on_metadata(const TraceMetadata& m) override {
     meta_ = m;
-    if (!start_) start_ = option_ns(m, "start_ns");
+    if (!start_) start_ = m.option_int("start_ns");
     resolve_sources();
     if (!start_ || (!f_.from && !f_.to)) return inner_.on_metadata(meta_);
     resolve_window();
     // The window as the recording's interval (within the recording's own).
     const int64_t rec_start = *start_;
-    const int64_t rec_stop = option_ns(m, "stop_ns").value_or(INT64_MAX);
+    const int64_t rec_stop = m.option_int("stop_ns").value_or(INT64_MAX);
     const int64_t a = std::max(rec_start, from_);
     const int64_t b = std::min(rec_stop, to_);
     meta_.options["start_ns"] = std::to_string(a);

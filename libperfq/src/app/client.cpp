@@ -68,8 +68,6 @@ int poll_timeout(std::chrono::milliseconds d) {
   return static_cast<int>(std::clamp<std::chrono::milliseconds::rep>(d.count(), 1, 60'000));
 }
 
-std::string dump(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
-
 // Single-writer counters other threads may read.
 inline void bump(std::atomic<uint64_t>& c) noexcept {
   c.store(c.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
@@ -396,7 +394,7 @@ void Client::connector_main() {
       j["events"] = json::array();
       for (const auto& e : events_) j["events"].push_back(event_to_json(e));
       sent = events_.size();
-      hello = dump(j);
+      hello = json_line(j);
       path = socket_path_;
     }
     auto fd = handshake(path, hello);
@@ -432,7 +430,7 @@ void Client::connector_main() {
 
 Result<json> Client::request_locked(const json& req, UniqueFd* fd_out) {
   if (!usable_locked()) return Status(Errc::kUnavailable, "not connected");
-  if (Status s = send_line(conn_.get(), dump(req)); !s) {
+  if (Status s = send_line(conn_.get(), json_line(req)); !s) {
     mark_broken_locked();
     return s;
   }

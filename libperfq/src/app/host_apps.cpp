@@ -26,9 +26,8 @@ namespace {
 
 using json = nlohmann::json;
 
-std::string dump(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
-
-std::string error_reply(const std::string& what) { return dump({{"ok", false}, {"error", what}}); }
+// An error reply as the line an application reads.
+std::string error_line(const std::string& what) { return json_line(error_reply(what)); }
 
 struct Ring {
   uint16_t source = 0, stream = 0;
@@ -193,8 +192,8 @@ struct HostApps::Impl {
   bool handle_line(const std::shared_ptr<App>& app, const std::string& line) {
     const json req = json::parse(line, nullptr, false);
     if (req.is_discarded() || !req.is_object() || !req.contains("cmd") || !req["cmd"].is_string())
-      return send_line(app->fd.get(), error_reply("malformed request: expected a JSON object "
-                                                  "with a \"cmd\""))
+      return send_line(app->fd.get(), error_line("malformed request: expected a JSON object "
+                                                 "with a \"cmd\""))
           .is_ok();
     const std::string cmd = req["cmd"].get<std::string>();
     if (cmd == "thread") {
@@ -206,13 +205,13 @@ struct HostApps::Impl {
                                    : "tid " + std::to_string(tid);
       uint16_t stream = 0;
       auto fd = create_ring(app, tid, name, &stream);
-      if (!fd) return send_line(app->fd.get(), error_reply(fd.status().message())).is_ok();
+      if (!fd) return send_line(app->fd.get(), error_line(fd.status().message())).is_ok();
       return send_line(app->fd.get(),
-                       dump({{"ok", true},
-                             {"stream", stream},
-                             {"ring_records", opts.ring_records},
-                             {"bytes", PERFQ_APP_RING_OFFSET_SLOTS +
-                                           opts.ring_records * sizeof(perfq_record)}}),
+                       json_line({{"ok", true},
+                                  {"stream", stream},
+                                  {"ring_records", opts.ring_records},
+                                  {"bytes", PERFQ_APP_RING_OFFSET_SLOTS +
+                                                opts.ring_records * sizeof(perfq_record)}}),
                        fd->get())
           .is_ok();
     }
@@ -224,9 +223,10 @@ struct HostApps::Impl {
         std::lock_guard l(mu);
         s = add_events_locked(*app, evs);
       }
-      return send_line(app->fd.get(), s ? dump({{"ok", true}}) : error_reply(s.message())).is_ok();
+      return send_line(app->fd.get(), s ? json_line({{"ok", true}}) : error_line(s.message()))
+          .is_ok();
     }
-    return send_line(app->fd.get(), error_reply("unknown command \"" + clean_name(cmd, 32) + "\""))
+    return send_line(app->fd.get(), error_line("unknown command \"" + clean_name(cmd, 32) + "\""))
         .is_ok();
   }
 
@@ -238,13 +238,13 @@ struct HostApps::Impl {
       if (n <= 0) return false;
       while (auto line = app->in.next_line()) {
         if (line->size() > kAppMaxLine) {
-          (void)send_line(app->fd.get(), error_reply("request longer than 64 KiB"));
+          (void)send_line(app->fd.get(), error_line("request longer than 64 KiB"));
           return false;
         }
         if (!handle_line(app, *line)) return false;
       }
       if (app->in.overflow()) {
-        (void)send_line(app->fd.get(), error_reply("request longer than 64 KiB"));
+        (void)send_line(app->fd.get(), error_line("request longer than 64 KiB"));
         return false;
       }
     }
@@ -396,7 +396,7 @@ HostApps::~HostApps() {
 
 Status HostApps::adopt(UniqueFd conn, const nlohmann::json& hello, const struct ucred& peer) {
   auto refuse = [&](Status s) {
-    (void)send_line(conn.get(), error_reply(s.message()));
+    (void)send_line(conn.get(), error_line(s.message()));
     return s;
   };
   try {
@@ -448,10 +448,10 @@ Status HostApps::adopt(UniqueFd conn, const nlohmann::json& hello, const struct 
     }
     // Reply before the I/O thread sees the connection: the app sends nothing
     // before it has read this line.
-    if (Status s = send_line(conn.get(), dump({{"ok", true},
-                                               {"source", app->source},
-                                               {"ring_records", impl_->opts.ring_records},
-                                               {"recording", rec}}));
+    if (Status s = send_line(conn.get(), json_line({{"ok", true},
+                                                    {"source", app->source},
+                                                    {"ring_records", impl_->opts.ring_records},
+                                                    {"recording", rec}}));
         !s)
       return s;
     app->fd = std::move(conn);

@@ -5,6 +5,7 @@
 #include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
+#include <nlohmann/json.hpp>
 
 #include <algorithm>
 #include <cerrno>
@@ -31,6 +32,12 @@ std::optional<std::string> LineBuffer::next_line() {
   }
   return line;
 }
+
+std::string json_line(const nlohmann::json& j) {
+  return j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+}
+
+nlohmann::json error_reply(const std::string& what) { return {{"ok", false}, {"error", what}}; }
 
 Status send_line(int sock, const std::string& line, int pass_fd, int timeout_ms) {
   using Clock = std::chrono::steady_clock;

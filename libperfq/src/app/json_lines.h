@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstddef>
+#include <nlohmann/json_fwd.hpp>
 #include <optional>
 #include <string>
 
@@ -39,6 +40,14 @@ class LineBuffer {
   size_t start_ = 0;    // first byte not yet returned
   size_t scanned_ = 0;  // bytes from start_ known to hold no '\n'
 };
+
+// A JSON object as one line of these protocols: compact, and any string that
+// is not valid UTF-8 sent with U+FFFD in its place rather than throwing.
+std::string json_line(const nlohmann::json& j);
+
+// The reply to a request that failed, in both protocols (the daemon's control
+// socket, an application's): {"ok": false, "error": what}.
+nlohmann::json error_reply(const std::string& what);
 
 // Send line + '\n' in full (blocking socket: up to its SO_SNDTIMEO;
 // non-blocking: fails on EAGAIN).  pass_fd >= 0 travels with the first

@@ -176,16 +176,6 @@ struct Feeder : TraceVisitor {
   }
 };
 
-std::optional<int64_t> option_ns(const TraceMetadata& m, const char* key) {
-  auto it = m.options.find(key);
-  if (it == m.options.end()) return std::nullopt;
-  try {
-    return std::stoll(it->second);
-  } catch (...) {
-    return std::nullopt;
-  }
-}
-
 }  // namespace
 
 Result<TraceMergeSummary> merge_traces(const std::vector<std::string>& paths,
@@ -291,9 +281,9 @@ Result<TraceMergeSummary> merge_traces(const std::vector<std::string>& paths,
   // The recording's interval: the earliest start to the latest stop.
   std::optional<int64_t> start, stop;
   for (const Input& in : inputs) {
-    if (auto s = option_ns(in.c.meta, "start_ns"))
+    if (auto s = in.c.meta.option_int("start_ns"))
       start = std::min(start.value_or(INT64_MAX), to_reference(in, ref, *s));
-    if (auto s = option_ns(in.c.meta, "stop_ns"))
+    if (auto s = in.c.meta.option_int("stop_ns"))
       stop = std::max(stop.value_or(INT64_MIN), to_reference(in, ref, *s));
   }
   if (start) merged.options["start_ns"] = std::to_string(*start);

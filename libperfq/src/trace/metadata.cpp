@@ -5,8 +5,10 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <climits>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -85,6 +87,16 @@ void TraceMetadata::describe_this_host() {
       {PERFQ_CLOCK_DEVICE_TIMER, "device_timer", "device timer register R"},
       {PERFQ_CLOCK_HOST_BY_DEVICE, "host_by_device", "host time computed on the device (mode B)"},
   };
+}
+
+std::optional<int64_t> TraceMetadata::option_int(const std::string& key) const {
+  auto it = options.find(key);
+  if (it == options.end()) return std::nullopt;
+  char* end = nullptr;
+  errno = 0;
+  const long long v = std::strtoll(it->second.c_str(), &end, 10);
+  if (errno || end == it->second.c_str() || *end) return std::nullopt;
+  return v;
 }
 
 void TraceMetadata::merge(const TraceMetadata& later) {

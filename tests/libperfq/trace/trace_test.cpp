@@ -34,7 +34,7 @@ constexpr uint64_t kManyRecords = 200'000;
 constexpr uint64_t kManyRecords = 2'000'000;
 #endif
 
-std::vector<uint8_t> slurp(const std::string& path) {
+std::vector<uint8_t> slurp_bytes(const std::string& path) {
   std::ifstream f(path, std::ios::binary);
   return {std::istreambuf_iterator<char>(f), {}};
 }
@@ -300,7 +300,7 @@ TEST_CASE("trace: round trip of millions of records, every field equal", "[trace
   const std::string path = dir.file("big.pq");
   write_big(path, compress, kManyRecords, columns);
   // Each records chunk says how its records lie (and is compressed or not).
-  const Layout l = layout_of(slurp(path));
+  const Layout l = layout_of(slurp_bytes(path));
   size_t records_chunks = 0;
   for (size_t k = 0; k + 1 < l.chunk_starts.size(); ++k) {
     if (l.types[k] == static_cast<uint16_t>(ChunkType::kRecords)) {
@@ -528,7 +528,7 @@ TEST_CASE("trace: cut at every byte of the last chunks, the reader stops there",
     REQUIRE(w->append_loss(test_loss()).is_ok());
     REQUIRE(w->close().is_ok());
   }
-  const std::vector<uint8_t> bytes = slurp(path);
+  const std::vector<uint8_t> bytes = slurp_bytes(path);
   const Layout l = layout_of(bytes);
   // metadata, 5 record chunks, loss, end
   REQUIRE(l.chunk_starts.size() == 9);
@@ -669,7 +669,7 @@ TEST_CASE("trace: version 2 chunks overlap, and the reader merges them behind th
 
   // Cut at every chunk boundary and inside each chunk: what the whole
   // chunks before the cut hold, in order.
-  const std::vector<uint8_t> bytes = slurp(path);
+  const std::vector<uint8_t> bytes = slurp_bytes(path);
   const Layout l = layout_of(bytes);
   const std::string cut = dir.file("cut.pq");
   for (size_t k = 1; k < l.chunk_starts.size(); ++k) {
@@ -739,7 +739,7 @@ TEST_CASE("trace: a file's structure is checked, not only its chunks", "[trace]"
     for (uint64_t i = first; i < first + n; ++i) recs.push_back(nth_record(i));
     REQUIRE(w->append_records(recs).is_ok());
     REQUIRE(w->close().is_ok());
-    return slurp(dir.file(name));
+    return slurp_bytes(dir.file(name));
   };
   // metadata, three records chunks of 40, end
   const std::vector<uint8_t> good = write("good.pq", 0, 120);
@@ -861,7 +861,7 @@ TEST_CASE("trace: any flipped bit is caught at its chunk", "[trace]") {
     REQUIRE(w->append_sync_samples(samples).is_ok());
     REQUIRE(w->close().is_ok());
   }
-  const std::vector<uint8_t> bytes = slurp(path);
+  const std::vector<uint8_t> bytes = slurp_bytes(path);
   const Layout l = layout_of(bytes);
   const std::string bad = dir.file("flipped.pq");
   spit(bad, bytes.data(), bytes.size());
@@ -924,7 +924,7 @@ TEST_CASE("trace: the columns flag only on records chunks of whole records", "[t
     REQUIRE(w->append_records(recs).is_ok());
     REQUIRE(w->close().is_ok());
   }
-  const std::vector<uint8_t> good = slurp(path);
+  const std::vector<uint8_t> good = slurp_bytes(path);
   const Layout l = layout_of(good);
   REQUIRE(l.chunk_starts.size() == 4);  // metadata, records, end, end of file
   // Rewrites chunk k's flags and raw length.
@@ -970,7 +970,7 @@ TEST_CASE("trace: a garbage tail and absurd lengths are refused without big allo
     REQUIRE(w->flush().is_ok());
     REQUIRE(w->close().is_ok());
   }
-  std::vector<uint8_t> bytes = slurp(path);
+  std::vector<uint8_t> bytes = slurp_bytes(path);
   const uint64_t good = bytes.size();
   // A chunk header that claims 4 GiB.
   uint8_t h[kTraceChunkHeaderSize] = {};
