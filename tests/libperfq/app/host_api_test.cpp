@@ -39,7 +39,7 @@ namespace {
 using json = nlohmann::json;
 using namespace std::chrono_literals;
 
-const std::string kTestApp = std::string(PERFQ_BIN_DIR) + "/perfq_test_app";
+const std::string kTestApp = kBin + "/perfq_test_app";
 
 // Read one '\n'-terminated line from a blocking socket, byte by byte (so
 // nothing after it is consumed); with the fd passed along, if any.
@@ -945,8 +945,7 @@ TEST_CASE("host api: perfq-demo-app records job_submit and job_complete of every
   HostApps apps(opts());
   FakeDaemon daemon(apps, dir.file("d.sock"));
   REQUIRE(daemon.listen());
-  const std::string bin = PERFQ_BIN_DIR;
-  Child dev({bin + "/perfq-devsim", "--region", shm.path(), "--create", "--rate", "0",
+  Child dev({kBin + "/perfq-devsim", "--region", shm.path(), "--create", "--rate", "0",
              "--job-workers", "2"});
   REQUIRE(dev.started());
   Region region = [&] {
@@ -960,7 +959,7 @@ TEST_CASE("host api: perfq-demo-app records job_submit and job_complete of every
     }
   }();
   const uint64_t jobs = 300;
-  Child app({bin + "/perfq-demo-app", "--device", "shm:" + shm.path(), "--jobs",
+  Child app({kBin + "/perfq-demo-app", "--device", "shm:" + shm.path(), "--jobs",
              std::to_string(jobs), "--threads", "3", "--job-us", "20", "--socket",
              dir.file("d.sock"), "--connect-timeout", "10"});
   REQUIRE(app.started());

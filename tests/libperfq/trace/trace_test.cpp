@@ -348,6 +348,25 @@ TEST_CASE("trace: round trip of millions of records, every field equal", "[trace
   CHECK(again.records == kManyRecords);
 }
 
+// start_ns and stop_ns give a recording's duration in the report, the filter
+// and the merge: a value that is not a whole number in full is no interval,
+// never the digits it starts with.
+TEST_CASE("trace: a recording option is a whole number in full or none", "[trace]") {
+  TraceMetadata m;
+  m.options = {
+      {"start_ns", "1700000000123456789"}, {"stop_ns", "-42"}, {"cut", "12abc"}, {"empty", ""},
+      {"huge", "99999999999999999999"},    {"space", " 7"},    {"frac", "1.5"}};
+  CHECK(m.option_int("start_ns") == 1700000000123456789);
+  CHECK(m.option_int("stop_ns") == -42);
+  CHECK_FALSE(m.option_int("absent"));
+  for (const char* bad : {"cut", "empty", "huge", "frac"}) {
+    INFO(bad);
+    CHECK_FALSE(m.option_int(bad));
+  }
+  // strtoll's leading white space: the daemon never writes it; accepted as before.
+  CHECK(m.option_int("space") == 7);
+}
+
 TEST_CASE("trace: later metadata adds sources, and open refuses what is not a trace", "[trace]") {
   TempDir dir("trace");
   const std::string path = dir.file("meta.pq");
