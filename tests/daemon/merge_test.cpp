@@ -98,11 +98,7 @@ class FileSink {
 
 TEST_CASE("merge: producers on threads, one ordered and complete output", "[merge][daemon]") {
   const int producers = GENERATE(1, 3, 6);
-#if defined(__SANITIZE_THREAD__) || defined(__SANITIZE_ADDRESS__)
-  constexpr uint64_t kPer = 20000;
-#else
-  constexpr uint64_t kPer = 200000;
-#endif
+  constexpr uint64_t kPer = perfq::kSanitized ? 20000 : 200000;
   MergeOptions o;
   o.max_delay_ns = 5'000'000'000;  // only the bounds release records here
   o.stream_timeout_ns = 5'000'000'000;

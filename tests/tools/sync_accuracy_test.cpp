@@ -26,12 +26,6 @@
 namespace perfq {
 namespace {
 
-#if defined(__SANITIZE_THREAD__) || defined(__SANITIZE_ADDRESS__)
-constexpr bool kSanitized = true;  // timing is not representative: check the machinery only
-#else
-constexpr bool kSanitized = false;
-#endif
-
 struct Scenario {
   int64_t offset_ns = 0;
   double drift_ppm = 0;

@@ -177,11 +177,7 @@ void stress(uint64_t total, bool batched, MakeEnds make) {
 
 // Under a sanitizer each record costs 10-20 times more: a fifth of them
 // still wraps the small ring tens of thousands of times.
-#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
-constexpr uint64_t kStressScale = 5;
-#else
-constexpr uint64_t kStressScale = 1;
-#endif
+constexpr uint64_t kStressScale = kSanitized ? 5 : 1;
 
 TEST_CASE("ring: producer and consumer threads, millions of records", "[ring][stress]") {
   const bool batched = GENERATE(false, true);
@@ -203,13 +199,14 @@ TEST_CASE("ring: threads over a shared region with mirrored control words",
   const bool second_mapping = GENERATE(false, true);
   auto host = second_mapping ? Region::open(shm.path()) : Region::attach(dev->base(), dev->size());
   REQUIRE(host.is_ok());
-  stress(2'000'000, true,
+  constexpr uint64_t kTotal = 2'000'000 / kStressScale;
+  stress(kTotal, true,
          [&] { return std::make_pair(dev->device_producer(), host->host_consumer()); });
   // Both copies of each control word agree once the stream is drained.
-  REQUIRE(load_acquire(&dev->dev_ctrl()->tail) == 2'000'000);
-  REQUIRE(load_acquire(&host->host_ctrl()->tail_mirror) == 2'000'000);
-  REQUIRE(load_acquire(&host->host_ctrl()->head) == 2'000'000);
-  REQUIRE(load_acquire(&dev->dev_ctrl()->head_mirror) == 2'000'000);
+  REQUIRE(load_acquire(&dev->dev_ctrl()->tail) == kTotal);
+  REQUIRE(load_acquire(&host->host_ctrl()->tail_mirror) == kTotal);
+  REQUIRE(load_acquire(&host->host_ctrl()->head) == kTotal);
+  REQUIRE(load_acquire(&dev->dev_ctrl()->head_mirror) == kTotal);
 }
 
 // Consume `total` records in the parent while a forked child produces them.
@@ -514,7 +511,7 @@ TEST_CASE("ring: a chunked producer and a consumer that takes `written` when the
   auto p = ring.memory().chunked_producer(chunk);
   auto c = ring.consumer();
   const uint64_t* written = &ring.memory().header()->written;
-  constexpr uint64_t kTotal = 2'000'000;
+  constexpr uint64_t kTotal = 2'000'000 / kStressScale;
   std::atomic<bool> fault{false};
   std::thread producer([&] {
     std::mt19937_64 rng(7);

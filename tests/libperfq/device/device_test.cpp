@@ -21,11 +21,7 @@
 namespace perfq {
 namespace {
 
-#if defined(__SANITIZE_THREAD__) || defined(__SANITIZE_ADDRESS__)
-constexpr uint64_t kScale = 4;  // sanitizers are slower: smaller runs
-#else
-constexpr uint64_t kScale = 1;
-#endif
+constexpr uint64_t kScale = kSanitized ? 4 : 1;  // smaller runs where they are slower
 
 Region make_region(const TempShm& shm, uint64_t capacity) {
   RegionGeometry g;

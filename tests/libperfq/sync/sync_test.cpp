@@ -23,6 +23,7 @@
 
 #include "sync/sync.h"
 #include "sync/sync_buffer.h"
+#include "test_util.h"
 
 namespace perfq {
 namespace {
@@ -411,9 +412,7 @@ TEST_CASE("sync: bounded error with jitter", "[sync]") {
   CHECK(e.p(0.5) <= 200);    // target: median <= 200 ns
   CHECK(std::fabs(drift_err_ppm) < 0.1);
   CHECK(sync.history().segments().size() == 1);
-#if !defined(__SANITIZE_ADDRESS__) && !defined(__SANITIZE_THREAD__)
-  CHECK(round_us[round_us.size() / 2] < 250);
-#endif
+  if (!kSanitized) CHECK(round_us[round_us.size() / 2] < 250);
 }
 
 // The shared-memory device's exchange (devsim --clock-jitter-ns J): the
