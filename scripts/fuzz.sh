@@ -50,7 +50,7 @@ result() {
 echo "fuzz: building the fuzzers in $BUILD (clang, libFuzzer + ASan + UBSan)"
 mkdir -p "$BUILD"
 if ! { CC=clang CXX=clang++ cmake -S "$ROOT" -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
-         -DPERFQ_SANITIZE=fuzzer -DCMAKE_UNITY_BUILD=OFF >"$BUILD/build.log" 2>&1 &&
+         -DPERFQ_SANITIZE=fuzzer >"$BUILD/build.log" 2>&1 &&
        cmake --build "$BUILD" -j "$(nproc)" --target perfq_fuzzers >>"$BUILD/build.log" 2>&1; }; then
   tail -n 30 "$BUILD/build.log" >&2
   result "FAIL fuzz build: the fuzzers did not build (log $BUILD/build.log)"
