@@ -82,7 +82,10 @@ QEMU_SCENARIOS = load badinput e2e unplug unplug-sync systemd
 KVERS_612    = $(shell $(MAKE) -s -C driver kver KSERIES=6.12)
 
 # The systemd scenario's Debian rootfs (debootstrap, cached) builds in the
-# background while the trees compile; the scenario waits for it.
+# background while the trees compile; the scenario waits for it.  The fuzz
+# tree builds and its fuzzers run beside the sanitizer trees' tests at the
+# lowest priority (run-tests.sh --beside), in the CPU those tests leave idle
+# (about half of it: their end-to-end tests run alone and mostly wait).
 test: deps
 	@mkdir -p $(BUILD)/qemu
 	@echo "perfq: building the systemd guest's Debian rootfs in the background ($(BUILD)/qemu/rootfs.log)"
@@ -93,9 +96,9 @@ test: deps
 	@rm -f $(QEMU_RESULTS) $(DEB_RESULTS) $(FUZZ_RESULTS)
 	-@scripts/make-deb.sh --results $(DEB_RESULTS) $(BUILD)
 	-@qemu/run-scenarios.py --build $(BUILD) --results $(QEMU_RESULTS) $(QEMU_SCENARIOS) --debs $(DEBS)
-	-@scripts/fuzz.sh --build $(BUILD_FUZZ) --seconds 30 --results $(FUZZ_RESULTS)
 	@scripts/run-tests.sh --results $(DEB_RESULTS) --results $(QEMU_RESULTS) --results $(FUZZ_RESULTS) \
-	  $(BUILD) $(BUILD_ASAN) $(BUILD_TSAN)
+	  $(BUILD) --beside "scripts/fuzz.sh --build $(BUILD_FUZZ) --seconds 30 --results $(FUZZ_RESULTS)" \
+	  $(BUILD_ASAN) $(BUILD_TSAN)
 
 qemu-test: build
 	@rm -f $(QEMU_RESULTS) $(DEB_RESULTS)
