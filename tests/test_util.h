@@ -29,8 +29,9 @@ namespace perfq {
 
 // A sanitizer build (ASan+UBSan or TSan): its programs run several times
 // slower and its timings are not representative, so its tests check the
-// machinery with lighter loads, longer timeouts and no timing bounds.  Each
-// test that runs in every tree keeps its full size in the plain tree.
+// machinery with lighter loads, longer timeouts and looser timing bounds or
+// none.  Each test that runs in every tree keeps its full size and bounds in
+// the plain tree.
 #if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
 inline constexpr bool kSanitized = true;
 #else

@@ -149,9 +149,9 @@ TEST_CASE("devsim: timer reads answer inside the bracket, and time out on a stop
   auto t = open_transport("shm:" + shm.path());
   REQUIRE(t.is_ok());
   // The default timer is R = CLOCK_MONOTONIC ns: H1 <= R <= H2.  What is
-  // checked is that devsim answers, not how soon: a machine busy with other
-  // tests (sanitizer builds, two at once) may leave devsim without a CPU for
-  // longer than the daemon's 50 ms, so the reads here wait up to a second.
+  // checked is that devsim answers, not how soon: a sanitizer build beside
+  // another test may leave devsim without a CPU for longer than the
+  // daemon's 50 ms, so the reads here wait up to a second.
   constexpr auto kPatient = std::chrono::seconds(1);
   uint64_t read = 0;
   for (int round = 0; round < 5; ++round) {
