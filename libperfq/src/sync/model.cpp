@@ -193,9 +193,27 @@ ClockModel PiecewiseModel::model_at(uint64_t d) const {
 }
 
 ClockModel PiecewiseModel::model_at(uint64_t d, uint32_t segment) const {
-  for (const auto& s : segments_)
-    if (s.id == segment && !s.knots.empty()) return knot_at(s, d);
-  return model_at(d);
+  uint64_t from = 0, until = 0;
+  const ClockModel* k = knot_for(d, segment, &from, &until);
+  return k ? *k : ClockModel{};
+}
+
+const ClockModel* PiecewiseModel::knot_for(uint64_t d, uint32_t segment, uint64_t* from,
+                                           uint64_t* until) const {
+  for (const auto& s : segments_) {
+    if (s.id != segment || s.knots.empty()) continue;
+    // knot_at(): the last knot at or before d, the first before it.
+    const ClockModel& k = knot_at(s, d);
+    const size_t i = static_cast<size_t>(&k - s.knots.data());
+    *from = i == 0 ? 0 : k.device_ref;
+    *until = i + 1 == s.knots.size() ? UINT64_MAX : s.knots[i + 1].device_ref - 1;
+    return &k;
+  }
+  // Not in the segment: the one segment_for() picks, for d alone.
+  const int i = segment_for(d);
+  if (i < 0) return nullptr;
+  *from = *until = d;
+  return &knot_at(segments_[static_cast<size_t>(i)], d);
 }
 
 PiecewiseModel PiecewiseModel::recent(uint64_t from_device) const {

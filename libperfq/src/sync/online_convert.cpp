@@ -8,6 +8,8 @@
 #include <iterator>
 #include <limits>
 
+#include "sync/robust_fit.h"
+
 namespace perfq {
 
 namespace {
@@ -99,6 +101,7 @@ void OnlineConverter::emit(const TraceRecord& tr, StreamClock& sc, std::vector<T
 uint64_t OnlineConverter::feed(std::span<const perfq_record> batch, const ConversionModel* m,
                                int64_t now, int64_t read_ns, std::vector<TraceRecord>& out,
                                LineIds lines) {
+  by_current_ = {};  // its model may be another at the same address
   const Read rs = read_state(m, read_ns, lines);
   bool read_kept = false;  // rs is in reads_ (a record of this read waits)
   uint64_t dropped = 0;
@@ -131,6 +134,7 @@ uint64_t OnlineConverter::feed(std::span<const perfq_record> batch, const Conver
 
 bool OnlineConverter::release(const std::shared_ptr<const ConversionModel>& m, int64_t now,
                               std::vector<TraceRecord>& out, size_t max_out) {
+  by_current_ = {};  // its model may be another at the same address
   if (!m || waiting_ == 0) return true;
   // The oldest waiting record (each stream's are in arrival order).
   int64_t oldest = INT64_MAX;
@@ -180,6 +184,7 @@ void OnlineConverter::prune_reads() {
 }
 
 size_t OnlineConverter::finish(const ConversionModel* m, std::vector<TraceRecord>& out) {
+  by_current_ = {};  // its model may be another at the same address
   size_t left = 0;
   for (auto& [id, sc] : streams_) {
     std::deque<Held> keep;
@@ -278,6 +283,19 @@ namespace {
 
 int64_t host_time(const ClockModel& k, uint64_t d) { return static_cast<int64_t>(k.to_host(d)); }
 
+}  // namespace
+
+OnlineConverter::ByCurrent& OnlineConverter::by_current(const ConversionModel& m) const {
+  ByCurrent& c = by_current_;
+  if (c.m != &m) {
+    c = {};
+    c.m = &m;
+    c.current = sync_fit::to_c(m.current);
+    c.rate_k = 3 * m.current.rate_sigma_ppb * 1e-9;
+  }
+  return c;
+}
+
 // What the current model may claim at r.time, a time behind its newest
 // round, given the model of then: the current model's claim takes its
 // rounds' errors for independent, and rounds that were loose the same way
@@ -291,21 +309,33 @@ int64_t host_time(const ClockModel& k, uint64_t d) { return static_cast<int64_t>
 // there to the time (a round's interval) by its rate's 3 sigma over the
 // way.  The larger of this and the current model's own claim is true if
 // either is.
-double claim_by_then(const perfq_record& r, const ConversionModel& m) {
-  const ClockModel then = m.history.model_at(r.time, m.current.segment);
-  if (!then.valid || stored_claim(then.uncertainty_ns) == kClaimUnbounded) return 0;
-  const double apart = std::fabs(static_cast<double>(host_time(m.current, then.device_ref) -
-                                                     host_time(then, then.device_ref)));
-  return apart + then.uncertainty_ns +
-         3 * m.current.rate_sigma_ppb * 1e-9 * then.host_distance_ns(r.time);
+double OnlineConverter::claim_by_then(const perfq_record& r, const ConversionModel& m) const {
+  ByCurrent& c = by_current(m);
+  if (r.time < c.then_from || r.time > c.then_until) {
+    c.then = m.history.knot_for(r.time, m.current.segment, &c.then_from, &c.then_until);
+    if (c.then == nullptr) {  // no history: no knot for any time
+      c.then_from = 0;
+      c.then_until = UINT64_MAX;
+    }
+    const ClockModel& then = c.then ? *c.then : ClockModel{};
+    c.then_bounds = then.valid && stored_claim(then.uncertainty_ns) != kClaimUnbounded;
+    if (c.then_bounds) {
+      const double apart = std::fabs(static_cast<double>(host_time(m.current, then.device_ref) -
+                                                         host_time(then, then.device_ref)));
+      c.then_base = apart + then.uncertainty_ns;
+      c.then_line = sync_fit::to_c(then);
+    }
+  }
+  if (!c.then_bounds) return 0;
+  return c.then_base + c.rate_k * perfq_sync_line_distance_ns(&c.then_line, r.time);
 }
 
 // convert() with one segment, or none of the record's epoch yet: the
 // device clock went back and no round has seen where to (`unseen_step`;
 // forced: the newest, with no bound, for the model is known not to hold
 // there).
-bool convert_by_current(const perfq_record& r, const ConversionModel& m, bool force,
-                        bool unseen_step, TraceRecord* out) {
+bool OnlineConverter::convert_by_current(const perfq_record& r, const ConversionModel& m,
+                                         bool force, bool unseen_step, TraceRecord* out) const {
   if (unseen_step && !force) return false;
   // Beyond the newest round (most records, when they are first seen: no
   // claim to compute), or covered by a model looser than this device's
@@ -313,9 +343,10 @@ bool convert_by_current(const perfq_record& r, const ConversionModel& m, bool fo
   // for a round that covers or tightens it.
   const bool beyond = time_diff(m.covered_device, r.time) < 0;
   if (!force && beyond) return false;
-  double claim = m.current.claim_at(r.time);
+  const perfq_sync_line& current = by_current(m).current;
+  double claim = perfq_sync_line_claim(&current, r.time);  // m.current.claim_at()
   if (!force && claim > m.tight_ns) return false;
-  out->time_ns = host_time(m.current, r.time);
+  out->time_ns = static_cast<int64_t>(perfq_sync_line_to_host(&current, r.time));
   if (!beyond) claim = std::max(claim, claim_by_then(r, m));
   // Forced past the newest round, no round saw the time: a step there
   // would be unseen, so there is no bound to claim.
@@ -323,6 +354,8 @@ bool convert_by_current(const perfq_record& r, const ConversionModel& m, bool fo
   out->conv = force ? TraceConversion::kForced : TraceConversion::kModel;
   return true;
 }
+
+namespace {
 
 // The segments that may hold a device time, with the host time each puts
 // it at (convert(), "Around a step").

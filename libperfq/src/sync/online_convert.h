@@ -172,6 +172,26 @@ class OnlineConverter {
                     const ConversionModel& m, bool force, const Read& rs, double* claim) const;
   void emit(const TraceRecord& tr, StreamClock& sc, std::vector<TraceRecord>& out);
 
+  // convert() with one segment (most records: a device whose clock never
+  // stepped), and what it computes once per model and knot rather than
+  // once per record: the current model as a line, and the knot of the
+  // time's own model (claim_by_then()).  Valid while its model is: each of
+  // feed(), release() and finish() starts it afresh.
+  struct ByCurrent {
+    const ConversionModel* m = nullptr;
+    perfq_sync_line current{};
+    double rate_k = 0;                 // 3 sigma of the current rate, per ns of distance
+    const ClockModel* then = nullptr;  // the knot of [then_from, then_until]
+    uint64_t then_from = 1, then_until = 0;
+    perfq_sync_line then_line{};
+    bool then_bounds = false;
+    double then_base = 0;  // how far apart the models are at its reference, plus its uncertainty
+  };
+  bool convert_by_current(const perfq_record& r, const ConversionModel& m, bool force,
+                          bool unseen_step, TraceRecord* out) const;
+  double claim_by_then(const perfq_record& r, const ConversionModel& m) const;
+  ByCurrent& by_current(const ConversionModel& m) const;
+
   Options o_;
   int64_t back_step_ticks_;
   std::map<uint16_t, StreamClock> streams_;
@@ -183,6 +203,7 @@ class OnlineConverter {
   std::map<uint64_t, DeviceLine> lines_;  // mode B's lines by id (the newest kMaxLines)
   std::shared_ptr<const ConversionModel> held_model_;  // the model of the last release
   int64_t held_since_ = 0;                             // when it came
+  mutable ByCurrent by_current_;
 };
 
 }  // namespace perfq

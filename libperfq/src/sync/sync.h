@@ -256,6 +256,11 @@ class PiecewiseModel {
   // it (its first knot before the first), in its segment or in `segment`.
   ClockModel model_at(uint64_t device_time) const;
   ClockModel model_at(uint64_t device_time, uint32_t segment) const;
+  // The knot model_at(device_time, segment) uses, in place (null when the
+  // model is empty), and the device times [*from, *until] it is the one
+  // for: a caller converting many times in order looks it up once a knot.
+  const ClockModel* knot_for(uint64_t device_time, uint32_t segment, uint64_t* from,
+                             uint64_t* until) const;
   // Every knot as an ABI model, for the trace file.
   std::vector<perfq_sync_model> to_abi() const;
   // The same model for device times from `from_device` on: each segment

@@ -755,6 +755,60 @@ TEST_CASE("sync: the recent part of the history converts recent times as the who
   }
 }
 
+TEST_CASE("sync: knot_for() names the knot model_at() uses and each time it is used for",
+          "[sync]") {
+  Sim sim;
+  sim.H0 = 3'000'000'000'000ULL;
+  sim.D0 = 500'000'000'000ULL;
+  sim.drift = 120e-6L;
+  sim.jitter_ns = 500;
+  sim.steps = {{3.05e9L, 1e9L}, {6.05e9L, -3e6L}};
+  ClockSync sync(sim.rates());
+  for (uint32_t i = 0; i < 120; ++i) {
+    const SyncRound r = sim.round_at(static_cast<long double>(i) * 100e6L, i);
+    auto o = make_observation(r.host, r.device, sim.rates(), {}, r.round);
+    REQUIRE(o.is_ok());
+    sync.add(o.value());
+  }
+  const PiecewiseModel& h = sync.history();
+  REQUIRE(h.segments().size() == 3);
+  const auto same = [](const ClockModel& a, const ClockModel& b) {
+    return a.device_ref == b.device_ref && a.host_ref == b.host_ref && a.segment == b.segment &&
+           a.ns_per_tick == b.ns_per_tick && a.uncertainty_ns == b.uncertainty_ns;
+  };
+  uint64_t checked = 0, spans = 0;
+  // Each segment asked for times across the whole history (outside its own
+  // range too), and a segment that is not there (model_at()'s fallback).
+  for (uint32_t seg : {h.segments()[0].id, h.segments()[1].id, h.segments()[2].id, 99u}) {
+    uint64_t from = 1, until = 0;
+    for (long double t = -1e9L; t < 13e9L; t += 3.7e6L) {
+      const uint64_t d = sim.D(t);
+      const ClockModel want = h.model_at(d, seg);
+      REQUIRE(want.valid);
+      if (d >= from && d <= until) {  // within the span found before: the same knot
+        ++checked;
+        continue;
+      }
+      const ClockModel* k = h.knot_for(d, seg, &from, &until);
+      REQUIRE(k != nullptr);
+      INFO("segment " << seg << ", device time " << d << ": [" << from << ", " << until << "]");
+      REQUIRE(from <= d);
+      REQUIRE(d <= until);
+      REQUIRE(same(*k, want));
+      // Both ends of the span use that knot too, and the times just past
+      // them another.
+      REQUIRE(same(h.model_at(from, seg), *k));
+      REQUIRE(same(h.model_at(until, seg), *k));
+      if (seg != 99u && until != UINT64_MAX) CHECK_FALSE(same(h.model_at(until + 1, seg), *k));
+      if (seg != 99u && from != 0) CHECK_FALSE(same(h.model_at(from - 1, seg), *k));
+      ++spans;
+    }
+  }
+  CHECK(spans > 100);
+  CHECK(checked > spans);
+  CHECK(PiecewiseModel().knot_for(5, 0, &checked, &spans) == nullptr);
+}
+
 // ---- offline
 // ---------------------------------------------------------------------------------------
 
