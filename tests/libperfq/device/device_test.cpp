@@ -523,7 +523,15 @@ TEST_CASE("host sync: the device is awake for an announced round", "[device][tim
   HostSync hs(**tr, ho);
   REQUIRE(hs.round().is_ok());
   const perfq_timer_page* page = region.timer();
+  const auto asleep_soon = [&] {  // after a round: the server goes to sleep on its own time
+    const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+    while (__atomic_load_n(&page->serving, __ATOMIC_ACQUIRE) == 1 &&
+           std::chrono::steady_clock::now() < until)
+      std::this_thread::sleep_for(std::chrono::microseconds(100));
+    return __atomic_load_n(&page->serving, __ATOMIC_ACQUIRE) == 0;
+  };
   for (int i = 0; i < 3; ++i) {
+    REQUIRE(asleep_soon());
     const auto announced = std::chrono::steady_clock::now();
     hs.next_round_in(std::chrono::milliseconds(30));
     while (__atomic_load_n(&page->serving, __ATOMIC_ACQUIRE) == 0 &&
@@ -539,11 +547,7 @@ TEST_CASE("host sync: the device is awake for an announced round", "[device][tim
     REQUIRE(r.is_ok());
   }
   hs.next_round_in(std::chrono::microseconds(0));  // nothing more: asleep
-  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(5);
-  while (__atomic_load_n(&page->serving, __ATOMIC_ACQUIRE) == 1 &&
-         std::chrono::steady_clock::now() < until)
-    std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  CHECK(__atomic_load_n(&page->serving, __ATOMIC_ACQUIRE) == 0);
+  CHECK(asleep_soon());
 }
 
 // A device whose rounds are made up: every host read of a round takes
