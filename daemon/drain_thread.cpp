@@ -16,17 +16,6 @@ using nlohmann::json;
 
 namespace {
 
-// Device records waiting for a clock model are held, up to this many (12
-// MiB); beyond it the drain leaves them in the device's ring (room_to_read()),
-// which holds the rest until the first model comes (tens of ms: the warm-up
-// rounds come every 10 ms).  It was 1 Mi: at 3 M records/s the daemon's
-// peak RSS was 110 MiB, set in the first second and kept.
-constexpr size_t kMaxUnconverted = 1 << 18;
-// Records the merge may hold for the writer before drains stop reading:
-// 48 MiB at 48 B a record, 20 times what the writer's 50 ms between takes
-// leaves pending at 1 M records/s (the merge holds nothing for the
-// watermark: the trace's reader does).
-constexpr size_t kMaxMergePending = 1 << 20;
 constexpr size_t kDrainBatch = 16384;
 // The drain of a device that has been quiet for a second sleeps as long as
 // its ring holds records at this rate (10 to 50 ms): each wakeup costs tens

@@ -52,6 +52,23 @@ class DeviceDrainThread {
   bool gone() const;
   nlohmann::json status() const;  // the device's status, without "sync"
 
+  // The daemon's memory per device is bounded by these, not by the rate or
+  // the recording's length (at 5 M records/s on 2 CPUs the daemon's peak RSS
+  // was 61-63 MiB, 32 MiB of it the device's shared ring: docs/benchmarks.md).
+  //
+  // Device records waiting for a clock model are held, up to this many (5
+  // MiB at 40 B a record: 26 ms at 5 M records/s, two on-demand rounds);
+  // beyond it the drain leaves them in the device's ring (room_to_read()),
+  // which holds the rest until a round covers them.  It was 1 Mi: at 3 M
+  // records/s the daemon's peak RSS was 110 MiB, set in the first second.
+  static constexpr size_t kMaxUnconverted = 1 << 17;
+  // Records the merge may hold for the writer before drains stop reading:
+  // 12 MiB at 48 B a record, four times what wakes the writer
+  // (MergeOptions::wake_writer_at); a writer behind that (a slow disk, a
+  // starved thread) leaves the records in the device's ring, whose overflow
+  // the device counts.  It was 1 Mi (48 MiB).
+  static constexpr size_t kMaxMergePending = 1 << 18;
+
   // Records waiting for a round after them beyond which the drain asks the
   // sync thread for the next round now (at most every kMinRoundGapMs): at
   // 5 M records/s, 10 ms of them rather than 100 ms.

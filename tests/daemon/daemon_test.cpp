@@ -30,6 +30,7 @@
 #include "core/ring.h"
 #include "device/device_clock.h"
 #include "device/timer.h"
+#include "drain_thread.h"
 #include "kernel_events.h"
 #include "perfq/pci.h"
 #include "perfq/trace.h"
@@ -490,7 +491,7 @@ TEST_CASE(
     "daemon: a writer that cannot write holds the daemon's memory to its cap, and the "
     "device counts the rest",
     "[daemon][process]") {
-  constexpr uint64_t kCap = 1u << 20;  // kMaxMergePending (drain_thread.cpp)
+  constexpr uint64_t kCap = perfqd::DeviceDrainThread::kMaxMergePending;
   TempDir dir("daemon-backlog");
   TempShm shm("daemon-backlog");
   const std::string fifo = dir.file("backlog.fifo");
@@ -536,10 +537,10 @@ TEST_CASE(
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
   }
   // A poll's batch past the cap, and the release of what waited for the
-  // first clock model (at most 256 Ki records, kMaxUnconverted, once).
+  // first clock model (at most kMaxUnconverted, once).
   INFO("most records pending: " << most);
   CHECK(most >= kCap);
-  CHECK(most <= kCap + (1u << 18) + (1u << 16));
+  CHECK(most <= kCap + perfqd::DeviceDrainThread::kMaxUnconverted + (1u << 16));
 
   // The reader goes on: everything written so far and from now on.
   std::atomic<bool> quit{false};
