@@ -317,11 +317,22 @@ E2E_PACING = 1e-3
 E2E_CONFIRM_S = 60.0
 
 
+def device_losses(st):
+    """Records the recording's devices lost or sent invalid so far."""
+    rec = json.loads(st.ctl("status", "--json")).get("recording") or {}
+    return sum(d.get("lost", 0) + d.get("invalid", 0) for d in rec.get("devices", []))
+
+
 def e2e_trial(tmp, rate, seconds, want_rss=False):
     """One run at `rate`: dict with achieved rate, losses, bytes, rss."""
     with Stack(tmp, devsim_args(rate)) as st:
         t0 = time.monotonic()
-        time.sleep(seconds)
+        # A long run ends at its first loss: the rate is not sustained, and
+        # the next one need not wait out the rest of it.
+        while (left := seconds - (time.monotonic() - t0)) > 0:
+            time.sleep(min(1.0, left))
+            if seconds > 5 and device_losses(st) > 0:
+                break
         rss = vm_hwm_kib(st.daemon.pid) if want_rss else 0
         dev, status, last, size = st.stop()
         dt = time.monotonic() - t0
@@ -360,12 +371,16 @@ def e2e(tmp):
     if best is None:  # not even the lowest rate: report the lowest as measured
         return worst, worst
     # Confirm at the best rate over the long run (#22: zero loss over 60 s),
-    # reading the daemon's peak RSS at its end.
+    # reading the daemon's peak RSS at its end.  A rate that held for a
+    # trial may not for the long run (the device's ring absorbs seconds of a
+    # drain that falls behind): then an eighth of it less, at most four
+    # times, each run ended by its first loss.
     confirm = e2e_trial(tmp, best["rate"], 2.0 if QUICK else E2E_CONFIRM_S, want_rss=True)
     tries = 0
-    while not confirm["ok"] and tries < 2 and not QUICK:
+    while not confirm["ok"] and tries < 4 and not QUICK:
         tries += 1
-        confirm = e2e_trial(tmp, confirm["rate"] * 0.75, E2E_CONFIRM_S, want_rss=True)
+        worst = confirm  # the lowest rate not sustained, for the note
+        confirm = e2e_trial(tmp, best["rate"] * (1 - tries / 8), E2E_CONFIRM_S, want_rss=True)
     return confirm, worst
 
 
