@@ -75,12 +75,6 @@ void TimerServer::run(const std::atomic<bool>& stop) {
         break;
       case PERFQ_DEV_TIMER_WAITING:
         cpu_relax();
-        // No request for 20 us in an open window: the reader is not running,
-        // most likely queued behind this spin on the same CPU (the reader's
-        // wake put us there).  Let it run: otherwise each of its reads waits
-        // for the scheduler's tick (4 ms: a round of 48 reads took 60-150 ms
-        // with the daemon draining 5 M records/s on 2 CPUs).
-        if ((n & 63) == 0 && monotonic_ns() - quiet_since > 20'000) sched_yield();
         // A reader gone quiet for spin_limit (it died, or forgot to close
         // the window): poll slowly until its next request.
         if ((n & 255) == 0 && monotonic_ns() - quiet_since > limit) {
