@@ -54,7 +54,7 @@ class DeviceDrainThread {
 
   // The daemon's memory per device is bounded by these, not by the rate or
   // the recording's length (at 5 M records/s on 2 CPUs the daemon's peak RSS
-  // was 61-63 MiB, 32 MiB of it the device's shared ring: docs/benchmarks.md).
+  // was 61-70 MiB, 32 MiB of it the device's shared ring: docs/benchmarks.md).
   //
   // Device records waiting for a clock model are held, up to this many (5
   // MiB at 40 B a record: 26 ms at 5 M records/s, two on-demand rounds);
