@@ -705,9 +705,9 @@ TEST_CASE("sync: a young model's claim holds where the prior's rate is wrong", "
   CHECK(beyond == 0);
 }
 
-TEST_CASE("sync: the recent part of the history converts recent times as the whole does",
-          "[sync]") {
-  Sim sim;
+// 12 s of rounds 100 ms apart of a clock that steps forward 1 s at 3.05 s
+// and back 3 ms at 6.05 s: a history of three segments.
+static ClockSync stepped_history(Sim& sim) {
   sim.H0 = 3'000'000'000'000ULL;
   sim.D0 = 500'000'000'000ULL;
   sim.drift = 120e-6L;
@@ -720,6 +720,13 @@ TEST_CASE("sync: the recent part of the history converts recent times as the who
     REQUIRE(o.is_ok());
     sync.add(o.value());
   }
+  return sync;
+}
+
+TEST_CASE("sync: the recent part of the history converts recent times as the whole does",
+          "[sync]") {
+  Sim sim;
+  const ClockSync sync = stepped_history(sim);
   const PiecewiseModel& all = sync.history();
   REQUIRE(all.segments().size() == 3);
   size_t all_knots = 0;
@@ -758,18 +765,7 @@ TEST_CASE("sync: the recent part of the history converts recent times as the who
 TEST_CASE("sync: knot_for() names the knot model_at() uses and each time it is used for",
           "[sync]") {
   Sim sim;
-  sim.H0 = 3'000'000'000'000ULL;
-  sim.D0 = 500'000'000'000ULL;
-  sim.drift = 120e-6L;
-  sim.jitter_ns = 500;
-  sim.steps = {{3.05e9L, 1e9L}, {6.05e9L, -3e6L}};
-  ClockSync sync(sim.rates());
-  for (uint32_t i = 0; i < 120; ++i) {
-    const SyncRound r = sim.round_at(static_cast<long double>(i) * 100e6L, i);
-    auto o = make_observation(r.host, r.device, sim.rates(), {}, r.round);
-    REQUIRE(o.is_ok());
-    sync.add(o.value());
-  }
+  const ClockSync sync = stepped_history(sim);
   const PiecewiseModel& h = sync.history();
   REQUIRE(h.segments().size() == 3);
   const auto same = [](const ClockModel& a, const ClockModel& b) {
