@@ -394,12 +394,15 @@ TEST_CASE("sync accuracy: mode B, the device converts its own records", "[sync][
   sc.seconds = kSanitized ? 3 : 5;
   Outcome o = run(sc);
   report("mode B", o);
-  REQUIRE(o.err_ns.size() > 1000);
   {
     INFO("the rounds:\n" << o.round_log);
     CHECK(o.over_claim <= o.err_ns.size() / 200);
   }
+  // The device converts only what its model vouches for (the gate's tight
+  // claim): where most rounds found it without a CPU, it may vouch for
+  // nothing, and leaves its times for the host to convert.
   if (saturated(o)) return;
+  REQUIRE(o.err_ns.size() > 1000);
   if (kSanitized)
     check_online(o, 20'000, 100'000);
   else
