@@ -18,23 +18,6 @@
 #include "sync/sync_buffer.h"
 
 namespace perfq {
-namespace {
-
-// An open window with no request for this long: the reader is not running.
-constexpr uint64_t kReaderAwayNs = 20'000;
-
-// Moves the calling thread off the CPU it runs on, to the others of
-// `allowed` (the set it started with); false where there is no other.
-bool leave_this_cpu(const cpu_set_t& allowed) {
-  const int cpu = sched_getcpu();
-  if (cpu < 0 || cpu >= CPU_SETSIZE) return false;
-  cpu_set_t to = allowed;
-  CPU_CLR(cpu, &to);
-  return CPU_COUNT(&to) > 0 && sched_setaffinity(0, sizeof to, &to) == 0;
-}
-
-}  // namespace
-
 Status raise_sync_priority() {
   const auto tid = static_cast<id_t>(syscall(SYS_gettid));
   errno = 0;
@@ -59,14 +42,9 @@ void TimerServer::run(const std::atomic<bool>& stop) {
       std::chrono::duration_cast<std::chrono::nanoseconds>(opts_.spin_limit).count());
   uint32_t* window = &region_.timer()->window;
   uint64_t quiet_since = monotonic_ns();
-  cpu_set_t allowed;  // the CPUs this thread was given
-  const bool can_move = sched_getaffinity(0, sizeof allowed, &allowed) == 0;
-  bool served = false;  // a request of this window answered
-  bool moved = false;   // in this window
   for (uint32_t n = 0; !stop.load(std::memory_order_relaxed); ++n) {
     switch (perfq_dev_timer_poll(&t)) {
       case PERFQ_DEV_TIMER_CLOSED: {
-        served = moved = false;
         // Awake from a little before the round the host announced
         // (perfq_dev_timer_idle_us()): it opens the window without a wake
         // or a nap of its own.  Otherwise asleep until the host opens a
@@ -87,7 +65,6 @@ void TimerServer::run(const std::atomic<bool>& stop) {
         break;
       }
       case PERFQ_DEV_TIMER_SERVED:
-        served = true;
         quiet_since = monotonic_ns();
         n = 0;
         break;
@@ -98,23 +75,6 @@ void TimerServer::run(const std::atomic<bool>& stop) {
         break;
       case PERFQ_DEV_TIMER_WAITING:
         cpu_relax();
-        // The reader began the round and then sent nothing for
-        // kReaderAwayNs: it is not running between two reads, most likely
-        // queued behind this spin on our CPU (its wake put us there while
-        // the other CPUs were busy), where each of its reads would wait for
-        // the scheduler's tick (4 ms: rounds of 100 ms and loose, records
-        // waiting for them a second, on 2 CPUs under load).  A device has a
-        // core of its own: move to another CPU, once a window.  (Not before
-        // the first request: a reader that found us asleep sleeps a moment
-        // itself, on purpose, so that we find a CPU of our own.)  Not a
-        // yield or a nap: either keeps the two on one CPU, each read then
-        // waiting for the other's turn, and a yield hands the CPU to
-        // whatever else is queued, a nice 19 job included, until the tick.
-        if ((n & 63) == 0 && served && !moved && can_move &&
-            monotonic_ns() - quiet_since > kReaderAwayNs) {
-          (void)leave_this_cpu(allowed);
-          moved = true;
-        }
         // A reader gone quiet for spin_limit (it died, or forgot to close
         // the window): poll slowly until its next request.
         if ((n & 255) == 0 && monotonic_ns() - quiet_since > limit) {
